@@ -1,0 +1,3 @@
+from toolbox.run import main
+
+raise SystemExit(main())

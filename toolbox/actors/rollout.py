@@ -1,0 +1,34 @@
+"""`RolloutWorker`: a Ray actor shell around an `InferenceEngine`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from toolbox.actors.resolve import node_info, resolve, share
+from toolbox.engines import ENGINES, PromptRequest, SamplingConfig
+
+
+class RolloutWorker:
+    """Generates rollouts and loads new weights; bulk results go to the object store, the driver gets refs."""
+
+    def __init__(self, rank: int, engine: dict[str, Any], model_path: str, dtype: str, seed: int, torch_threads: int = 1) -> None:
+        torch.set_num_threads(torch_threads)
+        self.rank = rank
+        self.engine = ENGINES.build(engine, inject={"model_path": model_path, "dtype": dtype, "seed": seed + 1000 * rank})
+
+    def ready(self) -> dict[str, str]:
+        return node_info()
+
+    def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> dict[str, Any]:
+        start = time.perf_counter()
+        batch = self.engine.generate(requests, sampling)
+        return {"batch": share(batch), "rows": len(batch), "seconds": time.perf_counter() - start}
+
+    def update_weights(self, bucket_refs: list[Any]) -> int:
+        return self.engine.update_weights(resolve(bucket_refs))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.engine.state_dict()

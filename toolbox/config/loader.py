@@ -1,0 +1,99 @@
+"""Load an `ExperimentConfig` from YAML files and ``a.b.c=value`` overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from toolbox.config.schema import ExperimentConfig
+from toolbox.core.errors import ConfigError
+from toolbox.core.registry import format_validation_error
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+def experiment_path(name: str) -> Path:
+    """``configs/experiments/NAME.yaml``, or ``name`` itself when it is a path to a YAML file."""
+    path = Path(name)
+    if path.suffix in {".yaml", ".yml"}:
+        if not path.exists():
+            raise ConfigError(f"experiment={name}: file not found")
+        return path
+    path = CONFIG_DIR / "experiments" / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in (CONFIG_DIR / "experiments").glob("*.yaml"))
+        raise ConfigError(f"experiment={name}: no {path}; known experiments: {known}")
+    return path
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``["a.b=1", "c=x"]`` -> ``{"a": {"b": 1}, "c": "x"}``; values are parsed as YAML scalars/lists."""
+    out: dict[str, Any] = {}
+    for arg in args:
+        key, sep, raw = arg.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {arg!r} is not of the form a.b.c=value")
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {key}: cannot parse {raw!r}: {err}") from None
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {key}: {part} is set to a value and also used as a section")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; ``over`` wins. A list index key ('callbacks.0.x') edits that list element."""
+    out = dict(base)
+    for key, value in over.items():
+        current = out.get(key)
+        if isinstance(current, dict) and isinstance(value, dict):
+            out[key] = merge(current, value)
+        elif isinstance(current, list) and isinstance(value, dict) and all(k.isdigit() for k in value):
+            items = list(current)
+            for idx, item in value.items():
+                i = int(idx)
+                if i >= len(items):
+                    raise ConfigError(f"override {key}.{idx}: {key} has only {len(items)} entries")
+                items[i] = merge(items[i], item) if isinstance(items[i], dict) and isinstance(item, dict) else item
+            out[key] = items
+        else:
+            out[key] = value
+    return out
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def load_config(args: list[str] | None = None) -> ExperimentConfig:
+    """Build the config from ``experiment=NAME`` (default ``grpo_tiny``) and dotted overrides."""
+    overrides = parse_overrides(args or [])
+    name = str(overrides.pop("experiment", "grpo_tiny"))
+    path = experiment_path(name)
+    data = merge(_read_yaml(path), overrides)
+    data["experiment"] = Path(name).stem
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{path}: " + format_validation_error(err, "")) from None
+
+
+def dump_config(cfg: ExperimentConfig, path: Path) -> None:
+    """Write the resolved config, the exact input to reproduce the run."""
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

@@ -1,0 +1,1 @@
+"""Cross-cutting pieces: registries, events, errors, seeding. No Ray here."""

@@ -1,0 +1,97 @@
+"""The transformers engine: batched sampling with a KV cache through ``model.generate``. CPU default."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolbox.engines.base import ENGINES, PromptRequest, SamplingConfig
+from toolbox.models.loading import load_causal_lm, load_tokenizer
+from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, RolloutBatch
+from toolbox.rl.weights import WeightBucket, load_into
+
+
+class HFEngineConfig(BaseModel):
+    """Options of the ``hf`` engine."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_batch_size: int = Field(256, ge=1, description="Prompts per model.generate call.")
+
+
+@ENGINES.register("hf", config=HFEngineConfig)
+class HFEngine:
+    """Samples with ``transformers``; behaviour log-probs are ``log_softmax(logits / T)`` of sampled tokens."""
+
+    def __init__(self, model_path: str, dtype: str = "float32", config: HFEngineConfig | None = None,
+                 seed: int = 0, trust_remote_code: bool = False) -> None:
+        self.config = config or HFEngineConfig()
+        self.tokenizer = load_tokenizer(model_path, trust_remote_code)
+        self.model = load_causal_lm(model_path, dtype, trust_remote_code).eval()
+        self.generator_seed = seed
+        torch.manual_seed(seed)
+
+    @torch.no_grad()
+    def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
+        chunks = [requests[i : i + self.config.max_batch_size] for i in range(0, len(requests), self.config.max_batch_size)]
+        pad = int(self.tokenizer.pad_token_id)
+        return RolloutBatch.concat([self._generate(chunk, sampling) for chunk in chunks], pad_id=pad)
+
+    def _generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
+        pad, eos = int(self.tokenizer.pad_token_id), int(self.tokenizer.eos_token_id)
+        width = max(len(r.ids) for r in requests)
+        prompt_ids = torch.full((len(requests), width), pad, dtype=torch.long)
+        prompt_mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for i, r in enumerate(requests):
+            prompt_ids[i, width - len(r.ids) :] = torch.tensor(r.ids)
+            prompt_mask[i, width - len(r.ids) :] = 1
+        greedy = sampling.temperature == 0.0
+        out = self.model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None,
+            max_new_tokens=sampling.max_new_tokens,
+            min_new_tokens=0,
+            eos_token_id=eos if sampling.stop_at_eos else None,
+            pad_token_id=pad,
+            use_cache=True,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        response = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float()
+        scale = 1.0 if greedy else sampling.temperature
+        logp = torch.log_softmax(logits / scale, dim=-1).gather(-1, response.unsqueeze(-1)).squeeze(-1)
+        mask, finish = _response_mask(response, eos if sampling.stop_at_eos else None)
+        return RolloutBatch(
+            prompt_ids_BP=prompt_ids,
+            prompt_mask_BP=prompt_mask,
+            response_ids_BR=torch.where(mask.bool(), response, pad),
+            response_mask_BR=mask,
+            logprobs_BR=logp * mask,
+            group_B=torch.tensor([r.group for r in requests], dtype=torch.long),
+            finish_B=finish,
+            extras=[r.extras for r in requests],
+        )
+
+    def update_weights(self, buckets: list[WeightBucket]) -> int:
+        return load_into(self.model, buckets)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+
+def _response_mask(response_BR: torch.Tensor, eos: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """1 up to and including the first EOS; finish reason STOP if an EOS was sampled, else LENGTH."""
+    b, r = response_BR.shape
+    if eos is None:
+        return torch.ones_like(response_BR), torch.full((b,), FINISH_LENGTH, dtype=torch.long)
+    is_eos = response_BR == eos
+    # Tokens after the first EOS are padding: their count of earlier EOS tokens is >= 1.
+    before_or_at_first_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) == 0
+    finish = torch.where(is_eos.any(dim=1), FINISH_STOP, FINISH_LENGTH)
+    return before_or_at_first_eos.long(), finish

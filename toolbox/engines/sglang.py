@@ -1,0 +1,151 @@
+"""The SGLang engine: ``sglang.Engine`` (offline, in-process), weights synced with ``update_weights_from_tensor``.
+
+``Engine.update_weights_from_tensor(named_tensors, load_format=None, flush_cache=True)`` serialises
+the tensors with torch's multiprocessing reductions (CUDA IPC for GPU tensors, shared memory for CPU
+ones) to every tensor-parallel scheduler, which calls ``model.load_weights``. We stage each bucket on
+the GPU first, as SGLang's own tests do, and flush the radix cache only after the last bucket.
+
+Behaviour log-probs are SGLang's ``output_token_logprobs``: ``log_softmax(logits / T)`` before
+top-k/top-p filtering (unless ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is set, which makes them raw),
+the same definition as the hf engine.
+
+Not covered without a GPU: unit tests drive `SGLangEngine` against a fake ``sglang`` module and,
+where SGLang is installed, check its signatures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolbox.engines.base import ENGINES, PromptRequest, SamplingConfig
+from toolbox.engines.vllm import Sample, batch_from_samples, finish_code
+from toolbox.models.loading import load_tokenizer
+from toolbox.rl.batch import RolloutBatch
+from toolbox.rl.weights import WeightBucket, unpack_bucket
+
+
+class SGLangEngineConfig(BaseModel):
+    """Options of the ``sglang`` engine (passed to ``sglang.Engine``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    tp_size: int = Field(default=1, ge=1, description="GPUs one engine shards the model over (tensor parallelism).")
+    mem_fraction_static: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        description="Share of GPU memory for weights + KV cache; leaves room for a learner.",
+    )
+    enable_memory_saver: bool = Field(default=False, description="Allow sleep()/wake() (release/resume GPU memory).")
+    stage_on_gpu: bool = Field(
+        default=True,
+        description="Copy each weight bucket to the GPU before handing it to SGLang (CUDA IPC); "
+        "off: send CPU tensors through shared memory.",
+    )
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Further keyword arguments for sglang.Engine (SGLang ServerArgs names)."
+    )
+
+
+@ENGINES.register("sglang", config=SGLangEngineConfig)
+class SGLangEngine:
+    """Samples with ``sglang.Engine``; behaviour log-probs are SGLang's log-prob of each sampled token."""
+
+    def __init__(self, model_path: str, dtype: str = "float32", config: SGLangEngineConfig | None = None,
+                 seed: int = 0, trust_remote_code: bool = False) -> None:
+        self.config = config or SGLangEngineConfig()
+        self.tokenizer = load_tokenizer(model_path, trust_remote_code)
+        import sglang  # lazy: the module must import where SGLang is not installed
+
+        cfg = self.config
+        self.engine = sglang.Engine(
+            model_path=model_path,
+            dtype=dtype,
+            random_seed=seed,
+            trust_remote_code=trust_remote_code,
+            tp_size=cfg.tp_size,
+            mem_fraction_static=cfg.mem_fraction_static,
+            enable_memory_saver=cfg.enable_memory_saver,
+            **cfg.engine_kwargs,
+        )
+
+    def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
+        params = {
+            "n": 1,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_new_tokens": sampling.max_new_tokens,
+            "ignore_eos": not sampling.stop_at_eos,
+        }
+        outputs = self.engine.generate(
+            input_ids=[list(r.ids) for r in requests], sampling_params=params, return_logprob=True
+        )
+        if isinstance(outputs, dict):  # SGLang returns a bare dict for a batch of one
+            outputs = [outputs]
+        samples = [_sample(out, i) for i, out in enumerate(outputs)]
+        return batch_from_samples(requests, samples, int(self.tokenizer.pad_token_id))
+
+    def update_weights(self, buckets: list[WeightBucket]) -> int:
+        """Load each bucket with ``update_weights_from_tensor``; returns the bytes sent."""
+        loaded = 0
+        for k, bucket in enumerate(buckets):
+            named = list(unpack_bucket(bucket).items())
+            if self.config.stage_on_gpu:
+                named = [(name, t.to("cuda")) for name, t in named]
+            else:
+                # Bucket views may be read-only object-store memory, which torch cannot move into
+                # shared memory in place; a private copy can.
+                named = [(name, t.clone()) for name, t in named]
+            result = self.engine.update_weights_from_tensor(
+                named_tensors=named, load_format=None, flush_cache=k == len(buckets) - 1
+            )
+            _check(result, f"update_weights_from_tensor (bucket {k})")
+            loaded += sum(t.numel() * t.element_size() for _, t in named)
+        return loaded
+
+    def sleep(self, level: int = 1) -> None:
+        """Release GPU memory (weights and KV cache); `level` is accepted for interface parity."""
+        if not self.config.enable_memory_saver:
+            raise RuntimeError("sglang engine: sleep() needs rollout.engine.enable_memory_saver: true")
+        _check(self.engine.release_memory_occupation(), "release_memory_occupation")
+
+    def wake(self) -> None:
+        """Take the GPU memory back after `sleep`."""
+        _check(self.engine.resume_memory_occupation(), "resume_memory_occupation")
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError(
+            "sglang engine: weights live in SGLang's scheduler processes; compare generations, "
+            "or use the hf engine for weight-level tests"
+        )
+
+
+def _sample(out: dict[str, Any], row: int) -> Sample:
+    """One SGLang output dict -> `Sample`, from ``meta_info.output_token_logprobs`` (logprob, id, text)."""
+    meta = out["meta_info"]
+    triples = meta.get("output_token_logprobs")
+    if triples is None:
+        raise RuntimeError(f"sglang engine: row {row} came back without output_token_logprobs")
+    ids = [int(t[1]) for t in triples]
+    logprobs = [float(t[0]) for t in triples]
+    reason = meta.get("finish_reason")
+    kind = reason.get("type") if isinstance(reason, dict) else reason
+    if kind == "abort":
+        raise RuntimeError(f"sglang engine: row {row} was aborted: {reason.get('message', reason)}")
+    return Sample(ids, logprobs, finish_code(kind, f"sglang engine row {row}"))
+
+
+def _check(result: Any, what: str) -> None:
+    """Raise if an SGLang control call reports failure (a (success, message) tuple or an object with .success)."""
+    if result is None:
+        return
+    if isinstance(result, tuple) and result and isinstance(result[0], bool):
+        ok, message = result[0], result[1] if len(result) > 1 else ""
+    elif isinstance(result, dict):
+        ok, message = bool(result.get("success", True)), result.get("message", "")
+    else:
+        ok, message = bool(getattr(result, "success", True)), getattr(result, "message", "")
+    if not ok:
+        raise RuntimeError(f"sglang engine: {what} failed: {message}")
+

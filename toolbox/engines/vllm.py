@@ -1,0 +1,247 @@
+"""The vLLM engine: ``vllm.LLM`` offline generation, weights synced through vLLM's native weight transfer.
+
+Weight sync uses vLLM's ``ipc`` backend (``init_weight_transfer_engine`` / ``start_weight_update`` /
+``update_weights`` / ``finish_weight_update``, docs.vllm.ai "training/weight_transfer"): each bucket is
+copied onto the GPU(s) this process shares with vLLM and handed over as CUDA IPC handles.
+
+Also home of the helpers the non-HF engines share (`Sample`, `batch_from_samples`, `finish_code`,
+`request_seeds`). Not covered without a GPU: unit tests use a fake ``vllm`` module; the IPC path
+runs only on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolbox.engines.base import ENGINES, PromptRequest, SamplingConfig
+from toolbox.models.loading import load_tokenizer
+from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, RolloutBatch
+from toolbox.rl.weights import WeightBucket, unpack_bucket
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion: response token ids, the behaviour log-prob of each, and a finish code."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish: int
+
+
+def finish_code(reason: Any, where: str) -> int:
+    """Map an engine's finish reason ("stop" / "length") to FINISH_STOP / FINISH_LENGTH.
+
+    Anything else (an abort, a content filter, None) is an infrastructure failure, never a
+    silently short sample, so it raises.
+    """
+    if reason == "stop":
+        return FINISH_STOP
+    if reason == "length":
+        return FINISH_LENGTH
+    raise RuntimeError(f"{where}: generation ended with finish reason {reason!r}; expected 'stop' or 'length'")
+
+
+def request_seeds(rng: random.Random, n: int) -> list[int]:
+    """Distinct per-request seeds: rows of one group share a prompt and must not share a seed."""
+    return [rng.randrange(2**31 - 1) for _ in range(n)]
+
+
+def batch_from_samples(requests: list[PromptRequest], samples: list[Sample], pad_id: int) -> RolloutBatch:
+    """Left-pad prompts, right-pad responses, and stack per-request samples into a `RolloutBatch`."""
+    if len(samples) != len(requests):
+        raise ValueError(f"engine returned {len(samples)} completions for {len(requests)} prompts")
+    for i, s in enumerate(samples):
+        if len(s.ids) != len(s.logprobs):
+            raise ValueError(f"row {i}: {len(s.ids)} response tokens but {len(s.logprobs)} log-probs")
+    b = len(requests)
+    p = max(len(r.ids) for r in requests)
+    r = max(1, max(len(s.ids) for s in samples))
+    prompt_ids = torch.full((b, p), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((b, p), dtype=torch.long)
+    response_ids = torch.full((b, r), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((b, r), dtype=torch.long)
+    logprobs = torch.zeros((b, r), dtype=torch.float32)
+    for i, (req, s) in enumerate(zip(requests, samples)):
+        prompt_ids[i, p - len(req.ids) :] = torch.tensor(req.ids, dtype=torch.long)
+        prompt_mask[i, p - len(req.ids) :] = 1
+        n = len(s.ids)
+        response_ids[i, :n] = torch.tensor(s.ids, dtype=torch.long)
+        response_mask[i, :n] = 1
+        logprobs[i, :n] = torch.tensor(s.logprobs, dtype=torch.float32)
+    return RolloutBatch(
+        prompt_ids_BP=prompt_ids,
+        prompt_mask_BP=prompt_mask,
+        response_ids_BR=response_ids,
+        response_mask_BR=response_mask,
+        logprobs_BR=logprobs,
+        group_B=torch.tensor([q.group for q in requests], dtype=torch.long),
+        finish_B=torch.tensor([s.finish for s in samples], dtype=torch.long),
+        extras=[q.extras for q in requests],
+    )
+
+
+class VLLMEngineConfig(BaseModel):
+    """Options of the ``vllm`` engine (passed to ``vllm.LLM``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs one engine shards the model over.")
+    gpu_memory_utilization: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        description="Share of GPU memory vLLM may take (weights + KV cache); below vLLM's 0.9 default "
+        "because a learner may share the GPU.",
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=1, description="Longest prompt + response; None: the model's own."
+    )
+    enforce_eager: bool = Field(default=False, description="Disable CUDA graphs (faster start, slower decode).")
+    enable_sleep_mode: bool = Field(
+        default=False, description="Allow sleep()/wake() to free GPU memory between rollouts."
+    )
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = Field(
+        default="processed_logprobs",
+        description="What vLLM reports as a token's log-prob: 'processed_logprobs' is after temperature "
+        "(and top-p truncation), which matches the hf engine's log_softmax(logits / T) when top_p = 1.",
+    )
+    seeded: bool = Field(
+        default=True,
+        description="Give every request its own seed (reproducible rollouts; vLLM samples seeded "
+        "requests more slowly). Off: only the engine-level seed.",
+    )
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Further keyword arguments for vllm.LLM (vLLM EngineArgs names)."
+    )
+
+
+@ENGINES.register("vllm", config=VLLMEngineConfig)
+class VLLMEngine:
+    """Samples with ``vllm.LLM``; behaviour log-probs are vLLM's log-prob of each sampled token."""
+
+    def __init__(self, model_path: str, dtype: str = "float32", config: VLLMEngineConfig | None = None,
+                 seed: int = 0, trust_remote_code: bool = False) -> None:
+        self.config = config or VLLMEngineConfig()
+        self.tokenizer = load_tokenizer(model_path, trust_remote_code)
+        self._rng = random.Random(seed)
+        # vLLM passes the CUDA IPC handles (which hold a rebuild function) to its workers by
+        # pickling; it refuses to without this flag (see vLLM's examples/rl/rlhf_ipc.py).
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        import vllm  # lazy: the module must import where vLLM is not installed
+
+        self._vllm = vllm
+        cfg = self.config
+        self.llm = vllm.LLM(
+            model=model_path,
+            dtype=dtype,
+            seed=seed,
+            trust_remote_code=trust_remote_code,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            max_model_len=cfg.max_model_len,
+            enforce_eager=cfg.enforce_eager,
+            enable_sleep_mode=cfg.enable_sleep_mode,
+            logprobs_mode=cfg.logprobs_mode,
+            weight_transfer_config={"backend": "ipc"},
+            **cfg.engine_kwargs,
+        )
+        # The IPC backend needs no rendezvous, but vLLM wants the engine initialised once.
+        self.llm.init_weight_transfer_engine({"init_info": {}})
+
+    def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
+        seeds = request_seeds(self._rng, len(requests)) if self.config.seeded else [None] * len(requests)
+        params = [
+            self._vllm.SamplingParams(
+                n=1,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_new_tokens,
+                ignore_eos=not sampling.stop_at_eos,
+                logprobs=0,  # 0 alternatives: just the sampled token's log-prob
+                seed=s,
+            )
+            for s in seeds
+        ]
+        prompts = [self._vllm.TokensPrompt(prompt_token_ids=list(r.ids)) for r in requests]
+        outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        samples = [_sample(out, i) for i, out in enumerate(outputs)]
+        return batch_from_samples(requests, samples, int(self.tokenizer.pad_token_id))
+
+    def update_weights(self, buckets: list[WeightBucket]) -> int:
+        """Send each bucket through vLLM's IPC weight transfer; returns the bytes sent."""
+        if not torch.cuda.is_available():
+            raise RuntimeError("vllm engine: weight sync over CUDA IPC needs a GPU visible to the rollout worker")
+        llm, loaded = self.llm, 0
+        # start/finish exist from the four-phase API on; earlier releases had update_weights only.
+        if hasattr(llm, "start_weight_update"):
+            llm.start_weight_update()
+        for bucket in buckets:
+            tensors = unpack_bucket(bucket)
+            gpu_copies, handles = _share_on_gpus(tensors)
+            llm.update_weights({"update_info": {
+                "names": list(tensors),
+                "dtype_names": [str(t.dtype).removeprefix("torch.") for t in tensors.values()],
+                "shapes": [list(t.shape) for t in tensors.values()],
+                "ipc_handles": handles,
+            }})
+            del gpu_copies  # update_weights is synchronous: vLLM has copied them by now
+            loaded += sum(t.numel() * t.element_size() for t in tensors.values())
+        if hasattr(llm, "finish_weight_update"):
+            llm.finish_weight_update()
+        # Cached prefixes hold KV computed by the old weights.
+        llm.reset_prefix_cache()
+        return loaded
+
+    def sleep(self, level: int = 1) -> None:
+        """Free GPU memory (level 1 offloads weights to CPU, level 2 drops them; sync weights after)."""
+        if not self.config.enable_sleep_mode:
+            raise RuntimeError("vllm engine: sleep() needs rollout.engine.enable_sleep_mode: true")
+        self.llm.sleep(level=level)
+
+    def wake(self) -> None:
+        """Take the GPU memory back after `sleep`."""
+        self.llm.wake_up()
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError(
+            "vllm engine: weights live in vLLM's worker processes in fused/sharded layouts; "
+            "compare generations, or use the hf engine for weight-level tests"
+        )
+
+
+def _sample(out: Any, row: int) -> Sample:
+    """A vLLM ``RequestOutput`` -> `Sample`; the log-prob is the sampled token's entry."""
+    completion = out.outputs[0]
+    ids = [int(t) for t in completion.token_ids]
+    if completion.logprobs is None or len(completion.logprobs) != len(ids):
+        raise RuntimeError(f"vllm engine: row {row} came back without one log-prob per token")
+    logprobs = [float(completion.logprobs[k][tok].logprob) for k, tok in enumerate(ids)]
+    return Sample(ids, logprobs, finish_code(completion.finish_reason, f"vllm engine row {row}"))
+
+
+def _share_on_gpus(tensors: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
+    """Copy each tensor onto every visible GPU and return {gpu uuid: CUDA IPC handle} per tensor.
+
+    vLLM's IPC receiver looks up its own GPU's UUID, so with tensor parallelism every worker's
+    GPU needs its own copy. The copies must stay alive until vLLM has loaded them.
+    """
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    devices = range(torch.cuda.device_count())
+    uuids = [str(torch.cuda.get_device_properties(d).uuid) for d in devices]
+    copies: list[torch.Tensor] = []
+    handles: list[dict[str, Any]] = []
+    for tensor in tensors.values():
+        per_gpu = {}
+        for d, uuid in zip(devices, uuids):
+            copy = tensor.to(f"cuda:{d}")
+            copies.append(copy)
+            per_gpu[uuid] = reduce_tensor(copy)
+        handles.append(per_gpu)
+    torch.cuda.synchronize()
+    return copies, handles

@@ -1,0 +1,1 @@
+"""The learner: model + optimizer + objective + parallel strategy, on one torch.distributed rank."""

@@ -1,0 +1,47 @@
+"""Checkpoints through ``torch.distributed.checkpoint``: model, optimizer, scheduler, step and RNG.
+
+Model and optimizer go into one DCP checkpoint (sharded: each rank writes its
+shards, and a resume may use another world size). Step, scheduler and RNG states
+are small per-rank files beside it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from toolbox.core.seeding import rng_state, set_rng_state
+from toolbox.learner.strategy import is_distributed, unwrap
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if is_distributed() else 0
+
+
+def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any]) -> Path:
+    """Write a checkpoint to ``path`` (a directory). Collective: every rank calls it."""
+    model_sd, optim_sd = get_state_dict(unwrap(model), optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+    torch.save({**extra, "rng": rng_state()}, path / f"extra_rank{_rank()}.pt")
+    return path
+
+
+def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Restore model and optimizer in place; return this rank's extra state (step, scheduler, ...)."""
+    if not (path / ".metadata").exists():
+        raise FileNotFoundError(f"no checkpoint at {path} (missing .metadata); pass a step_* directory")
+    model_sd, optim_sd = get_state_dict(unwrap(model), optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(unwrap(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    extra_file = path / f"extra_rank{_rank()}.pt"
+    if not extra_file.exists():  # resuming with more ranks than saved: rank 0's step is everyone's
+        extra_file = path / "extra_rank0.pt"
+    extra = torch.load(extra_file, weights_only=False)
+    set_rng_state(extra.pop("rng"))
+    return extra

@@ -1,0 +1,1 @@
+"""Model and tokenizer loading (hub id or local directory) and tiny test models."""

@@ -1,0 +1,60 @@
+"""Load a causal LM and its tokenizer the way a user's own model is loaded.
+
+Everything goes through ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained``,
+so a local directory and a hub id take the same path. Tiny models are first written
+to a directory (see `toolbox.models.tiny`) and then loaded back here.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TinyModelConfig(BaseModel):
+    """A tiny random-init model built from a transformers config (tests, default experiment)."""
+
+    model_config = ConfigDict(extra="forbid")
+    arch: str = Field("qwen2", description="Architecture: 'qwen2' or 'llama'.")
+    hidden_size: int = Field(64, ge=8, description="Width of the residual stream.")
+    num_layers: int = Field(2, ge=1, description="Transformer blocks.")
+    num_heads: int = Field(4, ge=1, description="Attention heads.")
+    num_kv_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention).")
+    intermediate_size: int = Field(256, ge=8, description="MLP width.")
+    max_positions: int = Field(64, ge=8, description="Longest sequence the model accepts.")
+    alphabet: str = Field("", description="Characters of the char-level tokenizer; empty: the task's alphabet.")
+    seed: int = Field(0, description="Seed of the random init; same seed, same weights.")
+
+
+class ModelConfig(BaseModel):
+    """Which policy to train."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(
+        "",
+        description="Hub id or local directory loaded with from_pretrained. Empty with `tiny` set: "
+        "a tiny model is built under the run directory.",
+    )
+    tiny: TinyModelConfig | None = Field(
+        default_factory=TinyModelConfig, description="Build a tiny random-init model at `path` if it is absent."
+    )
+    dtype: str = Field("float32", description="Parameter dtype: float32 or bfloat16.")
+    trust_remote_code: bool = Field(False, description="Passed to from_pretrained.")
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):  # noqa: ANN201 - transformers type
+    """``AutoTokenizer.from_pretrained(path)`` with a pad token guaranteed."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str, dtype: str = "float32", trust_remote_code: bool = False):  # noqa: ANN201
+    """``AutoModelForCausalLM.from_pretrained(path)`` in ``dtype``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = getattr(torch, dtype)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code)

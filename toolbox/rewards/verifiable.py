@@ -1,0 +1,86 @@
+"""Rule-based rewards for verifiable tasks, and the weighted-sum composite."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolbox.rewards.base import REWARDS, Reward, RewardSample
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _answer(sample: RewardSample) -> str | None:
+    answer = sample.extras.get("answer")
+    return None if answer is None else str(answer)
+
+
+class ExactMatchConfig(BaseModel):
+    """Options of ``exact_match``."""
+
+    model_config = ConfigDict(extra="forbid")
+    strip: bool = Field(True, description="Ignore leading/trailing whitespace.")
+
+
+@REWARDS.register("exact_match", config=ExactMatchConfig)
+def exact_match(config: ExactMatchConfig) -> Reward:
+    """1.0 when the response equals the reference answer, else 0.0; abstains without a reference."""
+
+    def score(sample: RewardSample) -> float | None:
+        answer = _answer(sample)
+        if answer is None:
+            return None
+        response = sample.response.strip() if config.strip else sample.response
+        return 1.0 if response == (answer.strip() if config.strip else answer) else 0.0
+
+    return score
+
+
+class MathConfig(BaseModel):
+    """Options of ``math``."""
+
+    model_config = ConfigDict(extra="forbid")
+    which: str = Field("first", pattern="^(first|last)$", description="Which number in the response is the answer.")
+    tolerance: float = Field(1e-6, ge=0, description="Absolute tolerance of the numeric comparison.")
+
+
+@REWARDS.register("math", config=MathConfig)
+def math_answer(config: MathConfig) -> Reward:
+    """1.0 when the first (or last) number in the response equals the reference numerically."""
+
+    def score(sample: RewardSample) -> float | None:
+        answer = _answer(sample)
+        if answer is None:
+            return None
+        numbers = _NUMBER.findall(sample.response)
+        if not numbers:
+            return 0.0
+        got = numbers[0] if config.which == "first" else numbers[-1]
+        return 1.0 if abs(float(got) - float(answer)) <= config.tolerance else 0.0
+
+    return score
+
+
+class WeightedSumConfig(BaseModel):
+    """Options of ``weighted_sum``: a list of reward specs and their weights."""
+
+    model_config = ConfigDict(extra="forbid")
+    components: list[dict] = Field(description="Reward specs, each {'name': ..., **options}.", min_length=1)
+    weights: list[float] = Field(description="One weight per component.")
+
+
+@REWARDS.register("weighted_sum", config=WeightedSumConfig)
+def weighted_sum(config: WeightedSumConfig) -> Reward:
+    """Sum of weighted components. Abstains only if every component abstains; an error in any is an error."""
+    if len(config.weights) != len(config.components):
+        raise ValueError(f"weighted_sum: {len(config.components)} components but {len(config.weights)} weights")
+    parts = [REWARDS.build(spec) for spec in config.components]
+
+    def score(sample: RewardSample) -> float | None:
+        values = [part(sample) for part in parts]
+        if all(v is None for v in values):
+            return None
+        return sum(w * v for w, v in zip(config.weights, values) if v is not None)
+
+    return score

@@ -1,0 +1,1 @@
+"""RL data structures and math shared by the algorithms: batches, advantages, weight buckets."""

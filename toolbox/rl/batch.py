@@ -1,0 +1,97 @@
+"""`RolloutBatch`: the one currency between rollout, reward and learner roles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+FINISH_STOP = 0  # the engine sampled EOS / a stop token
+FINISH_LENGTH = 1  # max_new_tokens reached
+
+
+@dataclass
+class RolloutBatch:
+    """A batch of sampled completions, shaped ``[B, P]`` (prompt) and ``[B, R]`` (response).
+
+    Prompts are left-padded and responses right-padded, so ``cat([prompt_ids,
+    response_ids], 1)`` is a valid model input with ``cat`` of the masks as the
+    attention mask. ``logprobs_BR`` are the behaviour policy's per-token log-probs
+    (0 at padding). ``group_B`` says which prompt each row was sampled from; rows of
+    one group share a prompt. ``extras`` carries small per-row metadata (the task's
+    reference answer) that the reward needs.
+    """
+
+    prompt_ids_BP: torch.Tensor
+    prompt_mask_BP: torch.Tensor
+    response_ids_BR: torch.Tensor
+    response_mask_BR: torch.Tensor
+    logprobs_BR: torch.Tensor
+    group_B: torch.Tensor
+    finish_B: torch.Tensor
+    extras: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        b = self.prompt_ids_BP.shape[0]
+        for f in fields(self):
+            value = getattr(self, f.name)
+            n = value.shape[0] if isinstance(value, torch.Tensor) else len(value)
+            if n != b and not (f.name == "extras" and n == 0):
+                raise ValueError(f"RolloutBatch.{f.name} has {n} rows, expected {b}")
+
+    def __len__(self) -> int:
+        return int(self.prompt_ids_BP.shape[0])
+
+    @property
+    def response_lengths_B(self) -> torch.Tensor:
+        return self.response_mask_BR.sum(dim=1)
+
+    def select(self, index: slice | torch.Tensor) -> RolloutBatch:
+        """Rows ``index`` (a slice or an index tensor) as a new batch."""
+        rows = list(range(len(self)))[index] if isinstance(index, slice) else index.tolist()
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                out[f.name] = value[index]
+            else:
+                out[f.name] = [value[i] for i in rows] if value else []
+        return RolloutBatch(**out)
+
+    def split(self, n: int) -> list[RolloutBatch]:
+        """``n`` contiguous shards whose sizes differ by at most one row."""
+        if n < 1:
+            raise ValueError(f"cannot split a batch into {n} shards")
+        sizes = [len(self) // n + (1 if i < len(self) % n else 0) for i in range(n)]
+        out, start = [], 0
+        for size in sizes:
+            out.append(self.select(slice(start, start + size)))
+            start += size
+        return out
+
+    @staticmethod
+    def concat(batches: list[RolloutBatch], pad_id: int = 0) -> RolloutBatch:
+        """Stack shards; prompts are re-left-padded and responses re-right-padded to a common width."""
+        if not batches:
+            raise ValueError("concat of no batches")
+        p = max(b.prompt_ids_BP.shape[1] for b in batches)
+        r = max(b.response_ids_BR.shape[1] for b in batches)
+        return RolloutBatch(
+            prompt_ids_BP=torch.cat([_pad(b.prompt_ids_BP, p, pad_id, left=True) for b in batches]),
+            prompt_mask_BP=torch.cat([_pad(b.prompt_mask_BP, p, 0, left=True) for b in batches]),
+            response_ids_BR=torch.cat([_pad(b.response_ids_BR, r, pad_id, left=False) for b in batches]),
+            response_mask_BR=torch.cat([_pad(b.response_mask_BR, r, 0, left=False) for b in batches]),
+            logprobs_BR=torch.cat([_pad(b.logprobs_BR, r, 0, left=False) for b in batches]),
+            group_B=torch.cat([b.group_B for b in batches]),
+            finish_B=torch.cat([b.finish_B for b in batches]),
+            extras=[e for b in batches for e in b.extras],
+        )
+
+
+def _pad(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
+    gap = width - x.shape[1]
+    if gap == 0:
+        return x
+    filler = torch.full((x.shape[0], gap), value, dtype=x.dtype)
+    return torch.cat([filler, x] if left else [x, filler], dim=1)

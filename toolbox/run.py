@@ -1,0 +1,64 @@
+"""``python -m toolbox.run [experiment=NAME] [a.b.c=value ...]``: run one experiment as one Ray job."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from rich.console import Console
+
+from toolbox.core.errors import ConfigError, WorkerError
+
+log = logging.getLogger("toolbox")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 done, 1 a worker failed, 2 a bad config."""
+    from toolbox.experiment import WORKER_ENV
+
+    for key, value in WORKER_ENV.items():
+        os.environ.setdefault(key, value)
+    console = Console(stderr=True)
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in {"-h", "--help"}:
+        console.print(__doc__ + "\nExperiments live in configs/experiments/; see docs/configuration.md for every field.")
+        return 0
+    from toolbox.config import load_config
+
+    try:
+        cfg = load_config(args)
+    except ConfigError as err:
+        console.print(f"[bold red]config error[/]: {err}")
+        return 2
+    return run(cfg, console)
+
+
+def run(cfg, console: Console) -> int:  # noqa: ANN001 - ExperimentConfig, imported lazily
+    import ray
+
+    from toolbox import engines, rewards  # noqa: F401  (register built-ins)
+    from toolbox.experiment import ExperimentBuilder, ray_init_kwargs
+
+    builder = ExperimentBuilder(cfg)
+    console.print(f"run directory: [bold]{builder.run_dir}[/]")
+    started_ray = False
+    if not cfg.ray.local_mode and not ray.is_initialized():
+        ray.init(**ray_init_kwargs(cfg))
+        started_ray = True
+    try:
+        trainer = builder.build_trainer()
+        summary = trainer.fit()
+        console.print(f"results: {builder.run_dir}")
+        return 0 if summary else 1
+    except WorkerError as err:
+        console.print(f"[bold red]worker failure[/]: {err}")
+        console.print(f"run directory (resume with trainer.resume_from={builder.run_dir}): {builder.run_dir}")
+        return 1
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

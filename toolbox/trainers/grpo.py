@@ -1,0 +1,72 @@
+"""The GRPO driver step: rollout -> reward -> learner update -> weight sync, all by object ref."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from toolbox.config.schema import TrainerConfig
+from toolbox.core.events import Event, EventBus
+from toolbox.data.prompts import PromptSource, split_even
+from toolbox.engines.base import SamplingConfig
+from toolbox.objectives.grpo import GRPOConfig
+from toolbox.trainers import TRAINERS
+from toolbox.trainers.base import BaseTrainer
+
+
+def mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    keys = per_rank[0].keys()
+    return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
+
+
+@TRAINERS.register("grpo")
+class GRPOTrainer(BaseTrainer):
+    """Group-relative policy optimisation; variants are configuration of `GRPOConfig`."""
+
+    def __init__(self, cfg: TrainerConfig, bus: EventBus, algo: GRPOConfig, sampling: SamplingConfig,
+                 prompts: PromptSource, rollout: Any, reward: Any, learner: Any, run_dir: Path, experiment: str = "") -> None:
+        super().__init__(cfg, bus, experiment)
+        self.algo, self.sampling, self.prompts = algo, sampling, prompts
+        self.rollout, self.reward, self.learner = rollout, reward, learner
+        self.run_dir = run_dir
+
+    def prepare(self) -> int:
+        start = 0
+        if self.cfg.resume_from:
+            start = self.learner.call("load", [(self.cfg.resume_from,)] * len(self.learner))[0]
+        self.sync_weights()
+        return start
+
+    def train_step(self, step: int) -> dict[str, float]:
+        requests = self.prompts.step(step, self.algo.prompts_per_step, self.algo.group_size)
+        t0 = time.perf_counter()
+        gen = self.rollout.call("generate", [(shard, self.sampling) for shard in split_even(requests, len(self.rollout))])
+        t1 = time.perf_counter()
+        scored = self.reward.call("score", [(g["batch"],) for g in gen])
+        t2 = time.perf_counter()
+        self.bus.emit(Event.ROLLOUT_END, {"step": step + 1, "rows": sum(g["rows"] for g in gen)})
+        batch_refs, reward_refs = [g["batch"] for g in gen], [s["result"] for s in scored]
+        metrics = mean_over_ranks(self.learner.call("update", [(batch_refs, reward_refs)] * len(self.learner)))
+        t3 = time.perf_counter()
+        self.sync_weights()
+        t4 = time.perf_counter()
+        metrics.update(generate_s=t1 - t0, reward_s=t2 - t1, train_s=t3 - t2, sync_s=t4 - t3)
+        return metrics
+
+    def sync_weights(self) -> None:
+        """Learner rank 0 exports bucket refs; every rollout worker loads them."""
+        bucket_refs = self.learner.call("export_weights")[0]
+        self.rollout.call("update_weights", [(bucket_refs,)] * len(self.rollout))
+
+    def evaluate(self) -> dict[str, float]:
+        greedy = self.sampling.model_copy(update={"temperature": 0.0})
+        requests = self.prompts.eval_set(self.cfg.eval_prompts)
+        gen = self.rollout.call("generate", [(shard, greedy) for shard in split_even(requests, len(self.rollout))])
+        scored = self.reward.call("score", [(g["batch"],) for g in gen])
+        n = sum(g["rows"] for g in gen)
+        return {"reward": sum(s["metrics"]["reward"] * g["rows"] for s, g in zip(scored, gen)) / n}
+
+    def save(self, step: int) -> str:
+        path = self.run_dir / "checkpoints" / f"step_{step}"
+        return self.learner.call("save", [(str(path),)] * len(self.learner))[0]
