@@ -1,11 +1,16 @@
-"""`LearnerWorker`: one learner rank as a Ray actor; owns ``torch.distributed`` setup."""
+"""`LearnerWorker`: one learner rank as a Ray actor. Owns ``torch.distributed`` setup, delegates the rest.
+
+The learner object itself is built by a picklable ``build`` callable *after* the
+process group exists (FSDP needs it), so one actor shell serves every algorithm's
+learner: GRPO's LLM learner, the gymnasium PPO learner, and so on.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,23 +18,17 @@ import torch.distributed as dist
 
 from toolbox.actors.resolve import node_info, resolve, share
 from toolbox.core.seeding import seed_everything
-from toolbox.learner.config import LearnerConfig
-from toolbox.learner.learner import Learner
-from toolbox.objectives.grpo import GRPOConfig
-from toolbox.rewards.base import RewardResult
-from toolbox.rl.batch import RolloutBatch
 
 
 class LearnerWorker:
-    """Joins the process group, builds the `Learner`, and serves update / export / checkpoint calls."""
+    """Joins the process group, builds the learner, and forwards calls with object refs resolved."""
 
-    def __init__(self, rank: int, world_size: int, model_path: str, dtype: str, learner: LearnerConfig,
-                 algo: GRPOConfig, total_steps: int, seed: int) -> None:
-        torch.set_num_threads(learner.torch_threads)
+    def __init__(self, rank: int, world_size: int, build: Callable[[], Any], distributed: bool,
+                 backend: str = "auto", torch_threads: int = 1, seed: int = 0) -> None:
+        torch.set_num_threads(torch_threads)
         self.rank, self.world_size = rank, world_size
-        self.args = (model_path, dtype, learner, algo, total_steps)
-        self.seed = seed
-        self.learner: Learner | None = None
+        self.build, self.distributed, self.backend, self.seed = build, distributed, backend, seed
+        self.learner: Any = None
 
     def ready(self) -> dict[str, str]:
         return node_info()
@@ -39,22 +38,21 @@ class LearnerWorker:
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
-        return node_info()["node_ip"], port
+        ip = node_info()["node_ip"]
+        return ("127.0.0.1" if ip == "local" else ip), port
 
     def setup(self, addr: str, port: int, timeout_s: float) -> None:
-        cfg: LearnerConfig = self.args[2]
-        if cfg.strategy != "single":
-            backend = cfg.backend if cfg.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
+        if self.distributed:
+            backend = self.backend if self.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
             os.environ.setdefault("MASTER_ADDR", addr)
             dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
                                     world_size=self.world_size, timeout=timedelta(seconds=timeout_s))
         seed_everything(self.seed + self.rank)
-        self.learner = Learner(*self.args)
+        self.learner = self.build()
 
-    def update(self, batch_refs: list[Any], reward_refs: list[Any]) -> dict[str, float]:
-        batch = RolloutBatch.concat(resolve(batch_refs), pad_id=0)
-        rewards = RewardResult.concat(resolve(reward_refs))
-        return self._learner.update(batch, rewards)
+    def update(self, *args: Any) -> dict[str, float]:
+        """``learner.update`` with every ref (or list of refs) argument fetched first."""
+        return self._learner.update(*(resolve(a) for a in args))
 
     def export_weights(self) -> list[Any]:
         return [share(bucket) for bucket in self._learner.export_weights()]
@@ -63,13 +61,13 @@ class LearnerWorker:
         return self._learner.full_state_dict()
 
     def save(self, path: str) -> str:
-        return str(self._learner.save(Path(path)))
+        return str(self._learner.save(path))
 
     def load(self, path: str) -> int:
-        return self._learner.load(Path(path))
+        return self._learner.load(path)
 
     @property
-    def _learner(self) -> Learner:
+    def _learner(self) -> Any:
         if self.learner is None:
             raise RuntimeError(f"learner rank {self.rank} was used before setup()")
         return self.learner

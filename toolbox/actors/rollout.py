@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from toolbox.actors.resolve import node_info, resolve, share
-from toolbox.engines import ENGINES, PromptRequest, SamplingConfig
+from toolbox.engines import PromptRequest, SamplingConfig
 
 
 class RolloutWorker:
     """Generates rollouts and loads new weights; bulk results go to the object store, the driver gets refs."""
 
-    def __init__(self, rank: int, engine: dict[str, Any], model_path: str, dtype: str, seed: int, torch_threads: int = 1) -> None:
+    def __init__(self, rank: int, build: Callable[[int], Any], torch_threads: int = 1) -> None:
         torch.set_num_threads(torch_threads)
         self.rank = rank
-        self.engine = ENGINES.build(engine, inject={"model_path": model_path, "dtype": dtype, "seed": seed + 1000 * rank})
+        self.engine = build(rank)
 
     def ready(self) -> dict[str, str]:
         return node_info()

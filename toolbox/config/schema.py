@@ -22,6 +22,10 @@ from toolbox.rewards.runner import RewardRunConfig
 
 Spec = dict[str, Any]
 
+# Every algorithm's config, told apart by its ``name`` field. A new algorithm adds its
+# config class here and registers a recipe under the same name (toolbox.recipes).
+AlgorithmConfig = GRPOConfig
+
 
 class RolloutConfig(BaseModel):
     """Rollout workers: how many, which engine, how they sample."""
@@ -80,7 +84,7 @@ class ExperimentConfig(BaseModel):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout workers.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward workers.")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner group.")
-    algorithm: GRPOConfig = Field(default_factory=GRPOConfig, description="Algorithm hyper-parameters.")
+    algorithm: AlgorithmConfig = Field(default_factory=GRPOConfig, description="Algorithm hyper-parameters; `name` selects it.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Driver loop.")
     callbacks: list[Spec] = Field(
         default_factory=lambda: [{"name": "console"}, {"name": "jsonl"}, {"name": "tensorboard"}, {"name": "curves"}],
@@ -99,11 +103,8 @@ class ExperimentConfig(BaseModel):
         specs += [(CALLBACKS, f"callbacks.{i}", spec) for i, spec in enumerate(self.callbacks)]
         for registry, path, spec in specs:
             spec.update(registry.validate(spec, path))
-        from toolbox.rl.advantages import ADVANTAGES
-
-        if self.algorithm.advantage not in ADVANTAGES:
-            raise ConfigError(f"algorithm.advantage: {self.algorithm.advantage!r} is not one of {ADVANTAGES.names()}")
-        self._check_batch_arithmetic()
+        if isinstance(self.algorithm, GRPOConfig):
+            self._check_grpo()
         if self.learner.strategy == "single" and self.learner.num_workers != 1:
             raise ConfigError(f"learner.strategy 'single' runs one rank; learner.num_workers is {self.learner.num_workers} "
                               "(use 'fsdp2' or 'ddp' for more)")
@@ -111,8 +112,12 @@ class ExperimentConfig(BaseModel):
             raise ConfigError("ray.local_mode runs in-process and supports learner.num_workers=1 only")
         return self
 
-    def _check_batch_arithmetic(self) -> None:
+    def _check_grpo(self) -> None:
+        from toolbox.rl.advantages import ADVANTAGES
+
         a, lr = self.algorithm, self.learner
+        if a.advantage not in ADVANTAGES:
+            raise ConfigError(f"algorithm.advantage: {a.advantage!r} is not one of {ADVANTAGES.names()}")
         rows = a.rollouts_per_step
         per_rank, rem = divmod(rows, lr.num_workers)
         if rem:

@@ -60,8 +60,14 @@ class Learner:
         self.step = 0
 
     # ---- the update -------------------------------------------------------------------------
-    def update(self, batch: RolloutBatch, rewards: RewardResult) -> dict[str, float]:
-        """One GRPO step on this rank's slice of the global ``batch``; returns metrics."""
+    def update(self, batches: list[RolloutBatch], results: list[RewardResult]) -> dict[str, float]:
+        """One GRPO step on this rank's slice of the global batch (the rollout shards, in order); returns metrics.
+
+        Every rank reads the whole batch: group normalisation needs whole groups, and
+        the batch of a step is small next to the model.
+        """
+        batch = RolloutBatch.concat(batches)
+        rewards = RewardResult.concat(results)
         valid_B = rewards.ok_B
         adv_B = grpo_advantages(_fill_invalid(rewards, self.algo.group_size), self.algo.group_size, self.algo.advantage)
         adv_B = adv_B * valid_B
@@ -91,7 +97,8 @@ class Learner:
         # Per-rank share of the global counts: gradients are averaged over ranks, so this makes
         # the update equal to one over the whole global mini-batch.
         tokens, seqs = float(counts[0]) / self.world, float(counts[1]) / self.world
-        norm_length = float(self.algo_max_len(batch))
+        # Dr. GRPO's constant normaliser: the padded response width (max_new_tokens at most).
+        norm_length = float(batch.response_ids_BR.shape[1])
         for mb in _chunks_of(rows, self.cfg.micro_batch_size):
             part = batch.select(mb)
             logp = sequence_logprobs(self.policy, part, self.algo.temperature)
@@ -111,11 +118,6 @@ class Learner:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    @staticmethod
-    def algo_max_len(batch: RolloutBatch) -> int:
-        """Dr. GRPO's constant normaliser: the padded response width (max_new_tokens at most)."""
-        return int(batch.response_ids_BR.shape[1])
-
     @torch.no_grad()
     def _no_grad_logprobs(self, model: nn.Module, batch: RolloutBatch) -> torch.Tensor:
         parts = [sequence_logprobs(model, batch.select(mb), self.algo.temperature)
@@ -132,12 +134,13 @@ class Learner:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return full_state_dict(self.policy)
 
-    def save(self, path: Path) -> Path:
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         return save_checkpoint(path, self.policy, self.optimizer, {"step": self.step, "scheduler": self.scheduler.state_dict()})
 
-    def load(self, path: Path) -> int:
-        extra = load_checkpoint(path, self.policy, self.optimizer)
+    def load(self, path: str | Path) -> int:
+        extra = load_checkpoint(Path(path), self.policy, self.optimizer)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.step = int(extra["step"])
         return self.step

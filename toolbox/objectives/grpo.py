@@ -9,6 +9,7 @@ DAPO: ``clip_high > clip_low``; RLOO: ``advantage=rloo``; REINFORCE++:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,7 +24,7 @@ class GRPOConfig(BaseModel):
     """The algorithm section of a GRPO experiment."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field("grpo", description="Trainer algorithm; 'grpo' is the one this release ships.")
+    name: Literal["grpo"] = Field("grpo", description="Algorithm: selects the trainer and recipe.")
     prompts_per_step: int = Field(16, ge=1, description="Distinct prompts sampled per step.")
     group_size: int = Field(8, ge=1, description="Completions sampled per prompt (G).")
     advantage: str = Field("group_norm", description="Advantage estimator: group_norm, group_mean, rloo, reinforce_pp.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,7 +42,7 @@ class MathConfig(BaseModel):
     """Options of ``math``."""
 
     model_config = ConfigDict(extra="forbid")
-    which: str = Field("first", pattern="^(first|last)$", description="Which number in the response is the answer.")
+    which: Literal["first", "last"] = Field("first", description="Which number in the response is the answer.")
     tolerance: float = Field(1e-6, ge=0, description="Absolute tolerance of the numeric comparison.")
 
 
