@@ -73,7 +73,9 @@ class WorkerGroup:
             ).remote(**make_kwargs(i))
             for i in range(num_workers)
         ]
-        self.nodes = [info.get("node_ip") for info in self.call("ready")]
+        # Start-up (model loading) is bounded by the longer of the two budgets.
+        infos = self.call("ready", timeout_s=max(timeout_s, placement_timeout_s))
+        self.nodes = [info.get("node_ip") for info in infos]
 
     def __len__(self) -> int:
         return len(self.actors)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from toolbox.config.schema import ExperimentConfig
 from toolbox.core.errors import ConfigError
@@ -71,6 +72,31 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def with_defaults(model: type[BaseModel], data: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``data`` plus the schema default of every spec dict or list that ``over`` edits inside but ``data`` omits.
+
+    Without this, ``callbacks.0.name=x`` or ``rollout.engine.max_batch_size=64`` on an experiment that
+    leaves those fields at their defaults would replace the whole default instead of editing it.
+    """
+    out = dict(data)
+    for key, value in over.items():
+        field = model.model_fields.get(key)
+        if field is None or not isinstance(value, dict):
+            continue
+        ann = field.annotation
+        if inspect.isclass(ann) and issubclass(ann, BaseModel):
+            current = out.get(key)
+            if current is None or isinstance(current, dict):
+                sub = with_defaults(ann, current or {}, value)
+                if sub or key in out:
+                    out[key] = sub
+        elif key not in out:
+            default = field.get_default(call_default_factory=True)
+            if isinstance(default, (dict, list)):
+                out[key] = default
+    return out
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -86,7 +112,8 @@ def load_config(args: list[str] | None = None) -> ExperimentConfig:
     overrides = parse_overrides(args or [])
     name = str(overrides.pop("experiment", "grpo_tiny"))
     path = experiment_path(name)
-    data = merge(_read_yaml(path), overrides)
+    data = _read_yaml(path)
+    data = merge(with_defaults(ExperimentConfig, data, overrides), overrides)
     data["experiment"] = Path(name).stem
     try:
         return ExperimentConfig.model_validate(data)

@@ -99,6 +99,8 @@ class Learner:
         tokens, seqs = float(counts[0]) / self.world, float(counts[1]) / self.world
         # Dr. GRPO's constant normaliser: the padded response width (max_new_tokens at most).
         norm_length = float(batch.response_ids_BR.shape[1])
+        # Micro-batch terms are normalised by the mini-batch's counts, so they add up to its value.
+        totals: dict[str, float] = defaultdict(float)
         for mb in _chunks_of(rows, self.cfg.micro_batch_size):
             part = batch.select(mb)
             logp = sequence_logprobs(self.policy, part, self.algo.temperature)
@@ -106,9 +108,11 @@ class Learner:
             ref = None if ref_logp is None else ref_logp[mb]
             terms = grpo_loss(self.algo, logp, old, ref, adv_B[mb], part.response_mask_BR, tokens, seqs, norm_length)
             terms.loss.backward()
-            for k, v in (("pg_loss", terms.pg_loss), ("kl", terms.kl), ("clip_frac", terms.clip_frac)):
-                stats[k].append(v)
-            stats["loss"].append(float(terms.loss.detach()))
+            for k, v in (("pg_loss", terms.pg_loss), ("kl", terms.kl), ("clip_frac", terms.clip_frac),
+                         ("loss", float(terms.loss.detach()))):
+                totals[k] += v
+        for k, v in totals.items():
+            stats[k].append(v)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.optim.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()

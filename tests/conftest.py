@@ -1,0 +1,38 @@
+"""Shared fixtures: one local Ray instance per test session (integration tests), tiny models in tmp dirs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """A local Ray instance, shared by every integration test of the session."""
+    import ray
+
+    from toolbox.experiment import WORKER_ENV
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False,
+                 runtime_env={"env_vars": WORKER_ENV}, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2 + char tokenizer for the digit_add task, saved as a normal model directory."""
+    from toolbox.data.tasks import TASKS
+    from toolbox.models.loading import TinyModelConfig
+    from toolbox.models.tiny import ensure_tiny_model
+
+    alphabet = TASKS.build({"name": "digit_add"}).alphabet()
+    return ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny", TinyModelConfig(), alphabet)

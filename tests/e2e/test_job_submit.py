@@ -1,0 +1,67 @@
+"""End to end: the real CLI, and ``ray start --head`` + ``ray job submit`` with token authentication."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_rejects_bad_config_before_starting_anything(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "toolbox.run", "learner.num_workers=3", f"trainer.run_root={tmp_path}"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "learner.num_workers=3" in out.stderr and "do not split" in out.stderr
+    assert not list(tmp_path.iterdir()), "a bad config must fail before the run directory is made"
+
+
+@pytest.fixture
+def ray_head() -> Iterator[tuple[dict[str, str], str]]:
+    """A Ray head with token auth on this machine; stopped afterwards even if the test fails.
+
+    Its temp dir is short: Ray's unix socket paths must stay under 107 bytes.
+    """
+    temp = tempfile.mkdtemp(prefix="rayh", dir="/tmp")
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    env.pop("RAY_ADDRESS", None)
+    dash = free_port()
+    start = [str(BIN / "ray"), "start", "--head", "--num-cpus=4", f"--port={free_port()}",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--include-dashboard=true",
+             f"--temp-dir={temp}"]
+    subprocess.run(start, env=env, check=True, capture_output=True, timeout=180)
+    try:
+        yield env, f"http://127.0.0.1:{dash}"
+    finally:
+        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_ray_job_submit_runs_the_experiment(ray_head: tuple[dict[str, str], str], tmp_path: Path) -> None:
+    env, address = ray_head
+    runs = tmp_path / "runs"
+    submit = [str(BIN / "ray"), "job", "submit", "--address", address, "--",
+              sys.executable, "-m", "toolbox.run", "experiment=grpo_tiny", "rollout.num_workers=2",
+              "trainer.total_steps=3", "trainer.eval_every=0", f"trainer.run_root={runs}"]
+    out = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (run_dir,) = [p for p in runs.iterdir() if p.name.startswith("grpo_tiny-")]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if s["event"] == "step_end"] == [1, 2, 3]
+    assert (run_dir / "config.yaml").exists()

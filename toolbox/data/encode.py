@@ -1,0 +1,91 @@
+"""Records -> token ids with a loss mask: prompt tokens are context only, response tokens are targets.
+
+With a chat template (when the tokenizer has one and the config allows it) a record
+becomes a conversation and every assistant turn is a target, end-of-turn markers
+included; without one, ``prompt`` is tokenised as `PromptSource` tokenises GRPO
+prompts and the response is followed by EOS, so a model trained here continues
+the same prompts the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One tokenised sequence: ids, and 1 where a token is a training target."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def cut(self, max_length: int) -> Example:
+        return Example(self.input_ids[:max_length], self.loss_mask[:max_length])
+
+
+def uses_template(tokenizer: Any, use_chat_template: bool) -> bool:
+    return bool(use_chat_template and getattr(tokenizer, "chat_template", None))
+
+
+def _render(tokenizer: Any, messages: Messages, generation_prompt: bool) -> list[int]:
+    if not messages:
+        return []
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def encode_messages(messages: Messages, tokenizer: Any) -> Example:
+    """A conversation through the chat template; the tokens each assistant turn adds are targets.
+
+    A turn's span is found by rendering the conversation up to it (with the generation
+    prompt) and through it; templates that re-render earlier turns differently are
+    handled by taking the common prefix with the full rendering.
+    """
+    full = _render(tokenizer, messages, generation_prompt=False)
+    mask = [0] * len(full)
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = _common_prefix(full, _render(tokenizer, messages[:i], generation_prompt=True))
+        end = _common_prefix(full, _render(tokenizer, messages[: i + 1], generation_prompt=False))
+        mask[start:end] = [1] * (end - start)
+    return Example(full, mask)
+
+
+def encode_pair(prompt: str, response: str, tokenizer: Any, use_chat_template: bool) -> Example:
+    """One prompt and its response; the response (and what closes it) is the target."""
+    if uses_template(tokenizer, use_chat_template):
+        return encode_messages([{"role": "user", "content": prompt}, {"role": "assistant", "content": response}], tokenizer)
+    prompt_ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    response_ids = list(tokenizer(response, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+    return Example(prompt_ids + response_ids, [0] * len(prompt_ids) + [1] * len(response_ids))
+
+
+def encode_sft(record: dict[str, Any], tokenizer: Any, max_length: int, use_chat_template: bool = True) -> Example:
+    """An SFT record (``prompt``/``response`` or ``messages``), cut to ``max_length`` tokens."""
+    if "messages" in record:
+        if not uses_template(tokenizer, use_chat_template):
+            raise ValueError("a 'messages' record needs a tokenizer with a chat template (and use_chat_template: true)")
+        example = encode_messages(record["messages"], tokenizer)
+    else:
+        example = encode_pair(record["prompt"], record["response"], tokenizer, use_chat_template)
+    return example.cut(max_length)
+
+
+def encode_preference(record: dict[str, Any], tokenizer: Any, max_length: int,
+                      use_chat_template: bool = True) -> tuple[Example, Example]:
+    """A preference record as (chosen, rejected) sequences sharing the prompt, each cut to ``max_length``."""
+    chosen = encode_pair(record["prompt"], record["chosen"], tokenizer, use_chat_template)
+    rejected = encode_pair(record["prompt"], record["rejected"], tokenizer, use_chat_template)
+    return chosen.cut(max_length), rejected.cut(max_length)

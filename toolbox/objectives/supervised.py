@@ -1,0 +1,70 @@
+"""Supervised (next-token) losses over masked tokens. The single source of this math.
+
+Logits at position ``t`` score ``labels[t]``: callers align them first (`shift_targets`).
+Normalisers can be passed in, so a micro-batch is divided by the token (or document)
+count of the whole global batch; that makes gradient accumulation and data
+parallelism give the same gradient as one big batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from toolbox.objectives.aggregate import aggregate
+
+
+def token_logprobs(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
+    """``log p(labels[b, t])`` under ``logits[b, t]``, ``[B, T]``, computed in float32."""
+    b, t, v = logits_BTV.shape
+    nll = F.cross_entropy(logits_BTV.reshape(b * t, v).float(), labels_BT.reshape(b * t), reduction="none")
+    return -nll.view(b, t)
+
+
+def shift_targets(input_ids_BT: torch.Tensor, loss_mask_BT: torch.Tensor,
+                  doc_ids_BT: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Labels and mask aligned with ``logits[:, :-1]``: position ``t`` predicts token ``t + 1``.
+
+    With ``doc_ids_BT`` (packed rows), a prediction across a document boundary is masked
+    out: the last token of one document never learns the first token of the next.
+    """
+    labels_BT = input_ids_BT[:, 1:]
+    mask_BT = loss_mask_BT[:, 1:].bool()
+    if doc_ids_BT is not None:
+        mask_BT = mask_BT & (doc_ids_BT[:, 1:] == doc_ids_BT[:, :-1])
+    return labels_BT, mask_BT
+
+
+def masked_nll(logits_BTV: torch.Tensor, labels_BT: torch.Tensor, mask_BT: torch.Tensor,
+               token_count: float | None = None) -> torch.Tensor:
+    """Mean negative log-likelihood over the tokens ``mask_BT`` selects (``sft``: every token counts once).
+
+    ``token_count`` overrides the denominator (the global number of loss tokens). An
+    empty mask gives 0, never NaN.
+    """
+    return aggregate(-token_logprobs(logits_BTV, labels_BT), mask_BT, "token-mean", token_count=token_count)
+
+
+def document_weights(doc_ids_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """Per-token weight ``1 / (loss tokens of its document)``: each document sums to 1.
+
+    ``doc_ids_BT`` numbers documents uniquely within a row (ids may repeat across rows).
+    Tokens outside ``mask_BT`` get weight 0.
+    """
+    mask = mask_BT.float()
+    b, t = doc_ids_BT.shape
+    key_BT = doc_ids_BT.long() + torch.arange(b, device=doc_ids_BT.device).unsqueeze(1) * (int(doc_ids_BT.max()) + 1)
+    counts = torch.zeros(int(key_BT.max()) + 1, device=mask.device).index_add_(0, key_BT.reshape(-1), mask.reshape(-1))
+    return mask / counts[key_BT].clamp(min=1.0)
+
+
+def document_mean_nll(logits_BTV: torch.Tensor, labels_BT: torch.Tensor, mask_BT: torch.Tensor,
+                      doc_ids_BT: torch.Tensor, doc_count: float | None = None) -> torch.Tensor:
+    """Mean over documents of each document's mean token NLL (``seq``: every document counts once).
+
+    ``doc_count`` overrides the denominator (the global number of documents with a loss token).
+    """
+    weights_BT = document_weights(doc_ids_BT, mask_BT)
+    if doc_count is None:
+        doc_count = float(weights_BT.sum())
+    return (-token_logprobs(logits_BTV, labels_BT) * weights_BT).sum() / max(float(doc_count), 1.0)

@@ -1,0 +1,145 @@
+"""`EnvRunner`: steps a gymnasium vector env with the current policy and records a `TrajectoryBatch`.
+
+Plain Python + torch; `toolbox.actors.env_runner.EnvRunnerWorker` makes it a Ray actor.
+
+Episode boundaries follow gymnasium's SAME_STEP autoreset (see `toolbox.rl.envs`):
+on a truncation (a time limit) the runner evaluates ``V(final observation)`` so the
+learner can bootstrap from it; on a termination there is nothing to bootstrap.
+Episodes run on across rollouts; the env state is not checkpointed (a resumed run
+starts fresh episodes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from toolbox.models.mlp import ActorCritic, PolicyConfig
+from toolbox.rl.envs import EnvConfig, SpaceSpec, make_vector_env
+from toolbox.rl.running_stats import moments
+from toolbox.rl.trajectory import TrajectoryBatch
+from toolbox.rl.weights import WeightBucket, load_into
+
+
+@dataclass
+class Episodes:
+    """Returns and lengths of the episodes that finished during one rollout (raw, unscaled rewards)."""
+
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+
+
+class EnvRunner:
+    """One runner: ``env.num_envs`` copies of the env, a CPU copy of the policy, its own RNG."""
+
+    def __init__(self, env: EnvConfig, policy: PolicyConfig, spec: SpaceSpec, gamma: float, seed: int) -> None:
+        self.env_cfg, self.gamma = env, gamma
+        self.model = ActorCritic(spec, policy).eval().requires_grad_(False)
+        self.envs = make_vector_env(env)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.obs, _ = self.envs.reset(seed=seed)
+        n = env.num_envs
+        self.ep_return, self.ep_len = np.zeros(n), np.zeros(n, dtype=np.int64)
+        self.discounted = np.zeros(n)
+        self._eval_envs: Any = None
+
+    def load_weights(self, buckets: list[WeightBucket]) -> int:
+        """Copy the learner's exported weights (and normalisation statistics) into the policy."""
+        return load_into(self.model, buckets)
+
+    @torch.no_grad()
+    def rollout(self, num_steps: int) -> tuple[TrajectoryBatch, Episodes]:
+        """``num_steps`` steps of every env copy with sampled actions."""
+        n, obs_dim = self.env_cfg.num_envs, self.model.spec.obs_dim
+        buf = _Buffers.empty(num_steps, n, obs_dim, self.model)
+        raw_obs: list[np.ndarray] = []
+        episodes = Episodes()
+        for t in range(num_steps):
+            raw_obs.append(np.asarray(self.obs, dtype=np.float64).reshape(n, obs_dim))
+            x = self.model.prepare_obs(self.obs)
+            actions, logp, value = self.model.act(x, generator=self.generator)
+            self.obs, reward, terminated, truncated, info = self.envs.step(self.model.env_actions(actions))
+            buf.record(t, x, actions, logp, value, reward, terminated, truncated)
+            bootstrap = truncated & ~terminated  # a step that is both is a termination: nothing to bootstrap
+            if bootstrap.any():
+                buf.final_values_TN[t] = self._final_values(info, bootstrap)
+            self._track(reward, terminated | truncated, buf.discounted_returns_TN[t], episodes)
+        mean, var, count = moments(torch.from_numpy(np.concatenate(raw_obs)))
+        last_value = self.model.value(self.model.prepare_obs(self.obs))
+        return buf.batch(last_value, mean, var, count), episodes
+
+    def _final_values(self, info: dict[str, Any], where: np.ndarray) -> torch.Tensor:
+        """``V(final obs)`` where an episode was truncated this step, 0 elsewhere."""
+        idx = np.flatnonzero(where)
+        final = np.stack([np.asarray(info["final_obs"][i], dtype=np.float32) for i in idx])
+        out = torch.zeros(len(where))
+        out[torch.from_numpy(idx)] = self.model.value(self.model.prepare_obs(final))
+        return out
+
+    def _track(self, reward: np.ndarray, done: np.ndarray, discounted_out: torch.Tensor, episodes: Episodes) -> None:
+        """Episode returns/lengths, and the per-env discounted return that reward scaling divides by."""
+        self.ep_return += reward
+        self.ep_len += 1
+        self.discounted = self.discounted * self.gamma + reward
+        discounted_out.copy_(torch.from_numpy(self.discounted))
+        for i in np.flatnonzero(done):
+            episodes.returns.append(float(self.ep_return[i]))
+            episodes.lengths.append(int(self.ep_len[i]))
+        self.ep_return[done], self.ep_len[done], self.discounted[done] = 0.0, 0, 0.0
+
+    @torch.no_grad()
+    def evaluate(self, num_episodes: int, seed: int) -> list[float]:
+        """Returns of ``num_episodes`` episodes (one per env copy, seeds ``seed + i``) with the deterministic policy."""
+        if num_episodes <= 0:
+            return []
+        if self._eval_envs is None or self._eval_envs.num_envs != num_episodes:
+            self._eval_envs = make_vector_env(self.env_cfg, num_episodes)
+        obs, _ = self._eval_envs.reset(seed=seed)
+        returns, done = np.zeros(num_episodes), np.zeros(num_episodes, dtype=bool)
+        while not done.all():
+            actions, _, _ = self.model.act(self.model.prepare_obs(obs), deterministic=True)
+            obs, reward, terminated, truncated, _ = self._eval_envs.step(self.model.env_actions(actions))
+            returns += np.where(done, 0.0, reward)
+            done |= terminated | truncated
+        return returns.tolist()
+
+    def close(self) -> None:
+        self.envs.close()
+        if self._eval_envs is not None:
+            self._eval_envs.close()
+
+
+@dataclass
+class _Buffers:
+    """Preallocated ``[T, N]`` tensors of one rollout."""
+
+    obs_TNO: torch.Tensor
+    actions_TN: torch.Tensor
+    logp_TN: torch.Tensor
+    values_TN: torch.Tensor
+    rewards_TN: torch.Tensor
+    terminated_TN: torch.Tensor
+    truncated_TN: torch.Tensor
+    final_values_TN: torch.Tensor
+    discounted_returns_TN: torch.Tensor
+
+    @staticmethod
+    def empty(t: int, n: int, obs_dim: int, model: ActorCritic) -> _Buffers:
+        spec = model.spec
+        actions = torch.zeros(t, n, dtype=torch.int64) if model.discrete else torch.zeros(t, n, spec.action_dim)
+        z = lambda: torch.zeros(t, n)  # noqa: E731
+        b = lambda: torch.zeros(t, n, dtype=torch.bool)  # noqa: E731
+        return _Buffers(torch.zeros(t, n, obs_dim), actions, z(), z(), z(), b(), b(), z(), z())
+
+    def record(self, t: int, obs: torch.Tensor, actions: torch.Tensor, logp: torch.Tensor, value: torch.Tensor,
+               reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
+        self.obs_TNO[t], self.actions_TN[t], self.logp_TN[t], self.values_TN[t] = obs, actions, logp, value
+        self.rewards_TN[t] = torch.from_numpy(np.asarray(reward, dtype=np.float32))
+        self.terminated_TN[t] = torch.from_numpy(np.asarray(terminated))
+        self.truncated_TN[t] = torch.from_numpy(np.asarray(truncated))
+
+    def batch(self, last_value_N: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, count: float) -> TrajectoryBatch:
+        return TrajectoryBatch(**vars(self), last_value_N=last_value_N, obs_mean_O=mean, obs_var_O=var, obs_count=count)
