@@ -7,6 +7,7 @@ callbacks, Ray connection); what is particular is a recipe in `toolbox.recipes`.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import os
 from collections.abc import Callable
@@ -61,8 +62,12 @@ class ExperimentBuilder:
         self.cfg = cfg
         self.run_dir = make_run_dir(cfg)
         dump_config(cfg, self.run_dir / "config.yaml")
-        self.model_path = resolve_model_path(cfg, self.run_dir.parent)
         self.groups: list[Any] = []
+
+    @functools.cached_property
+    def model_path(self) -> str:
+        """The policy model's directory or hub id, resolved (a tiny model built) only by recipes that use one."""
+        return resolve_model_path(self.cfg, self.run_dir.parent)
 
     def group(self, role: str, cls: type, n: int, make_kwargs: Callable[[int], dict[str, Any]], timeout_s: float,
               cpus: float, gpus: float = 0.0) -> Any:

@@ -7,6 +7,7 @@ import os
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from toolbox.core.errors import ConfigError, WorkerError
 
@@ -22,14 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in {"-h", "--help"}:
-        console.print(__doc__ + "\nExperiments live in configs/experiments/; see docs/configuration.md for every field.")
+        # escape(): "[a.b.c=value ...]" and error texts would otherwise be read as rich markup and vanish.
+        console.print(escape(__doc__ + "\nExperiments live in configs/experiments/; see docs/configuration.md for every field."))
         return 0
     from toolbox.config import load_config
 
     try:
         cfg = load_config(args)
     except ConfigError as err:
-        console.print(f"[bold red]config error[/]: {err}")
+        console.print(f"[bold red]config error[/]: {escape(str(err))}")
         return 2
     return run(cfg, console)
 
@@ -52,7 +54,7 @@ def run(cfg, console: Console) -> int:  # noqa: ANN001 - ExperimentConfig, impor
         console.print(f"results: {builder.run_dir}")
         return 0 if summary else 1
     except WorkerError as err:
-        console.print(f"[bold red]worker failure[/]: {err}")
+        console.print(f"[bold red]worker failure[/]: {escape(str(err))}")
         console.print(f"run directory (resume with trainer.resume_from={builder.run_dir}): {builder.run_dir}")
         return 1
     finally:

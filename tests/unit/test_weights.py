@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from toolbox.models.loading import load_causal_lm
-from toolbox.rl.weights import ALIGN, WeightBucket, load_into, pack_state_dict, unpack_all, unpack_bucket
+from toolbox.rl.weights import WeightBucket, load_into, pack_state_dict, unpack_all, unpack_bucket
 
 
 def mixed_state() -> dict[str, torch.Tensor]:
@@ -42,12 +43,14 @@ def test_round_trip_bit_exact(bucket_bytes: int) -> None:
     state = mixed_state()
     buckets = pack_state_dict(state, bucket_bytes)
     if bucket_bytes < 1000:
-        assert len(buckets) > 3
+        assert len(buckets) >= 3
     else:
         assert len(buckets) == 1
     for bucket in buckets:
-        assert bucket.buffer.dtype == np.uint8 and bucket.buffer.ndim == 1
-        assert all(spec.offset % ALIGN == 0 for spec in bucket.manifest)
+        assert len(bucket.arrays) == len(bucket.manifest)
+        assert all(a.dtype == np.uint8 and a.ndim == 1 for a in bucket.arrays)
+        assert bucket.nbytes == sum(spec.nbytes for spec in bucket.manifest)
+    assert [spec.name for b in buckets for spec in b.manifest] == list(state)
     assert_bit_exact(unpack_all(buckets), state)
 
 
@@ -62,30 +65,38 @@ def test_large_tensor_gets_its_own_bucket() -> None:
     assert [[s.name for s in b.manifest] for b in buckets] == [["small"], ["huge"], ["tail"]]
 
 
-def test_views_share_the_buffer() -> None:
-    bucket = pack_state_dict(mixed_state(), 1 << 20)[0]
-    start, stop = bucket.buffer.ctypes.data, bucket.buffer.ctypes.data + bucket.nbytes
+def test_no_copies_on_either_side() -> None:
+    state = mixed_state()
+    (bucket,) = pack_state_dict(state, 1 << 20)
     views = unpack_bucket(bucket)
-    for name, view in views.items():
-        if view.numel():
-            assert start <= view.data_ptr() < stop, name
-    # Writing the buffer shows through the view: no copy was made.
-    spec = next(s for s in bucket.manifest if s.name == "a.weight")
-    bucket.buffer[spec.offset : spec.offset + 4] = np.frombuffer(np.float32(42.0).tobytes(), dtype=np.uint8)
+    for spec, array in zip(bucket.manifest, bucket.arrays):
+        if spec.nbytes == 0:
+            continue
+        # Unpacked tensors are views of the bucket's arrays ...
+        assert views[spec.name].data_ptr() == array.ctypes.data, spec.name
+        # ... and a contiguous CPU tensor is packed without a copy.
+        if state[spec.name].is_contiguous():
+            assert array.ctypes.data == state[spec.name].data_ptr(), spec.name
+    # Writing the array shows through the unpacked view.
+    i = [s.name for s in bucket.manifest].index("a.weight")
+    bucket.arrays[i][:4] = np.frombuffer(np.float32(42.0).tobytes(), dtype=np.uint8)
     assert views["a.weight"][0, 0].item() == 42.0
 
 
-def test_read_only_buffer_works() -> None:
+def test_read_only_arrays_work() -> None:
     state = mixed_state()
     buckets = pack_state_dict(state, 300)
     for bucket in buckets:
-        bucket.buffer.setflags(write=False)  # what Ray's zero-copy get returns
+        assert not bucket.shared
+        for array in bucket.arrays:
+            array.setflags(write=False)  # what Ray's zero-copy get returns
+        assert bucket.shared
     assert_bit_exact(unpack_all(buckets), state)
 
 
 def test_unknown_dtype_in_manifest() -> None:
-    bucket = pack_state_dict({"x": torch.zeros(2)})[0]
-    bad = WeightBucket([bucket.manifest[0].__class__("x", "complex_nonsense", (2,), 0, 8)], bucket.buffer)
+    (bucket,) = pack_state_dict({"x": torch.zeros(2)})
+    bad = WeightBucket([dataclasses.replace(bucket.manifest[0], dtype="complex_nonsense")], bucket.arrays)
     with pytest.raises(ValueError, match="unknown dtype 'complex_nonsense'"):
         unpack_bucket(bad)
 
@@ -109,6 +120,23 @@ def test_load_into_fresh_model_is_bit_exact(tiny_model_dir: Path, source_model: 
     copied = load_into(target, buckets)
     assert copied == sum(v.numel() * v.element_size() for v in state.values())
     assert_bit_exact(target.state_dict(), state)
+
+
+def test_load_into_from_shared_buckets_then_private_ones(tiny_model_dir: Path, source_model: torch.nn.Module) -> None:
+    target = load_causal_lm(str(tiny_model_dir))
+    state = {k: v.clone() for k, v in source_model.state_dict().items()}
+    shared = pack_state_dict(state, bucket_bytes=16 << 10)
+    for bucket in shared:
+        for array in bucket.arrays:
+            array.setflags(write=False)
+    load_into(target, shared)
+    assert_bit_exact(target.state_dict(), state)
+    # A second sync from private (writeable) buckets must not write into the read-only shared memory.
+    frozen = {k: v.clone() for k, v in state.items()}
+    newer = {k: v + 1 for k, v in state.items()}
+    load_into(target, pack_state_dict(newer, bucket_bytes=16 << 10))
+    assert_bit_exact(target.state_dict(), newer)
+    assert_bit_exact(unpack_all(shared), frozen)
 
 
 def test_load_into_missing_weight_names_it(tiny_model_dir: Path, source_model: torch.nn.Module) -> None:

@@ -54,6 +54,10 @@ class LearnerWorker:
         """``learner.update`` with every ref (or list of refs) argument fetched first."""
         return self._learner.update(*(resolve(a) for a in args))
 
+    def evaluate(self, *args: Any) -> dict[str, float]:
+        """``learner.evaluate`` (held-out metrics, no update) with ref arguments fetched first."""
+        return self._learner.evaluate(*(resolve(a) for a in args))
+
     def export_weights(self) -> list[Any]:
         return [share(bucket) for bucket in self._learner.export_weights()]
 

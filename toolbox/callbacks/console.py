@@ -20,7 +20,9 @@ from rich.table import Table
 from toolbox.callbacks import CALLBACKS
 from toolbox.core.events import Event, EventBus
 
-SHOWN = (("reward", "reward"), ("loss", "loss"), ("kl", "kl"), ("response_len", "len"), ("step_time_s", "s/step"))
+SHOWN = (("reward", "reward"), ("env_steps", "env steps"), ("episode_return", "return"), ("loss", "loss"),
+         ("policy_loss", "pi loss"), ("value_loss", "vf loss"), ("kl", "kl"), ("response_len", "len"),
+         ("env_steps_per_s", "steps/s"), ("step_time_s", "s/step"))
 
 
 class ConsoleConfig(BaseModel):
@@ -43,9 +45,9 @@ class ConsoleProgress:
     def __init__(self, config: ConsoleConfig, total_steps: int, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True)
         self.progress = Progress(
-            TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[stats]}"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=self.console,
-            refresh_per_second=config.refresh_per_second,
+            TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(bar_width=16), TimeElapsedColumn(),
+            TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[stats]}"), console=self.console,
+            refresh_per_second=config.refresh_per_second, expand=False,
         )
         self.task = self.progress.add_task("train", total=total_steps, stats="starting workers...")
 

@@ -7,24 +7,39 @@ what spans sections: registry names and options, and the batch arithmetic.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from toolbox.core.errors import ConfigError
 from toolbox.core.registry import Registry
 from toolbox.engines.base import ENGINES, SamplingConfig
 from toolbox.learner.config import LearnerConfig
 from toolbox.models.loading import ModelConfig
+from toolbox.objectives.dpo import DPOConfig
 from toolbox.objectives.grpo import GRPOConfig
+from toolbox.objectives.ppo import PPOEnvConfig
+from toolbox.objectives.sft import SFTConfig
 from toolbox.rewards.base import REWARDS
 from toolbox.rewards.runner import RewardRunConfig
+from toolbox.rl.envs import EnvConfig
 
 Spec = dict[str, Any]
 
+
+
+def _algorithm_name(value: Any) -> str:
+    """The ``name`` of an algorithm section (a dict or a config); a section without one is GRPO's."""
+    return value.get("name", "grpo") if isinstance(value, dict) else getattr(value, "name", "grpo")
+
+
 # Every algorithm's config, told apart by its ``name`` field. A new algorithm adds its
-# config class here and registers a recipe under the same name (toolbox.recipes).
-AlgorithmConfig = GRPOConfig
+# config class here (tagged with its name) and registers a recipe under the same name (toolbox.recipes).
+AlgorithmConfig = Annotated[
+    Annotated[GRPOConfig, Tag("grpo")] | Annotated[PPOEnvConfig, Tag("ppo_env")]
+    | Annotated[SFTConfig, Tag("sft")] | Annotated[DPOConfig, Tag("dpo")],
+    Discriminator(_algorithm_name),
+]
 
 
 class RolloutConfig(BaseModel):
@@ -85,6 +100,7 @@ class ExperimentConfig(BaseModel):
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward workers.")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner group.")
     algorithm: AlgorithmConfig = Field(default_factory=GRPOConfig, description="Algorithm hyper-parameters; `name` selects it.")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="The gymnasium env (classic-RL algorithms such as ppo_env only).")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Driver loop.")
     callbacks: list[Spec] = Field(
         default_factory=lambda: [{"name": "console"}, {"name": "jsonl"}, {"name": "tensorboard"}, {"name": "curves"}],
@@ -105,6 +121,10 @@ class ExperimentConfig(BaseModel):
             spec.update(registry.validate(spec, path))
         if isinstance(self.algorithm, GRPOConfig):
             self._check_grpo()
+        if isinstance(self.algorithm, PPOEnvConfig):
+            self._check_ppo_env()
+        if isinstance(self.algorithm, (SFTConfig, DPOConfig)):
+            self.algorithm.check_micro_batch(self.learner.num_workers, self.learner.micro_batch_size)
         if self.learner.strategy == "single" and self.learner.num_workers != 1:
             raise ConfigError(f"learner.strategy 'single' runs one rank; learner.num_workers is {self.learner.num_workers} "
                               "(use 'fsdp2' or 'ddp' for more)")
@@ -132,3 +152,21 @@ class ExperimentConfig(BaseModel):
                 f"algorithm.mini_batches={a.mini_batches} mini-batches of learner.micro_batch_size={lr.micro_batch_size}; "
                 f"{per_rank} must be a multiple of {a.mini_batches * lr.micro_batch_size}"
             )
+
+    def _check_ppo_env(self) -> None:
+        from toolbox.rl.envs import check_env
+
+        a, lr = self.algorithm, self.learner
+        if lr.strategy not in {"single", "ddp"}:
+            raise ConfigError(f"learner.strategy: ppo_env trains a small MLP; use 'single' or 'ddp', not {lr.strategy!r}")
+        if a.target_return is not None and a.target_metric == "eval_return" and not self.trainer.eval_every:
+            raise ConfigError("algorithm.target_return is set but trainer.eval_every is 0: the run would never evaluate "
+                              "and so never stop at the target; set trainer.eval_every (e.g. 2)")
+        steps = self.rollout.num_workers * self.env.num_envs * a.steps_per_env
+        if steps % lr.num_workers or steps // lr.num_workers < a.minibatches:
+            raise ConfigError(
+                f"batch arithmetic: rollout.num_workers x env.num_envs x algorithm.steps_per_env = {steps} env steps per "
+                f"training step must split evenly over learner.num_workers={lr.num_workers} ranks into "
+                f"algorithm.minibatches={a.minibatches} minibatches"
+            )
+        check_env(self.env)  # an unknown id or an unsupported space fails here, before any actor starts

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolbox.core.errors import ConfigError
 from toolbox.data.tasks import Problem, Task
@@ -34,6 +34,21 @@ class OfflineDataConfig(BaseModel):
     batch_size: int = Field(32, ge=1, description="Records per optimizer step, over all learner ranks (the global batch).")
     max_length: int = Field(64, ge=4, description="Longest tokenised sequence (longer ones are cut at the end); also the packed row length.")
     use_chat_template: bool = Field(True, description="Render prompts with the tokenizer's chat template when it has one.")
+    record_kind: ClassVar[Kind] = "sft"
+
+    @model_validator(mode="after")
+    def _check_files(self) -> OfflineDataConfig:
+        """Read every dataset file now, so a bad row fails before any actor starts; paths become absolute."""
+        for field in ("dataset", "eval_dataset"):
+            value = getattr(self, field)
+            if value:
+                path = Path(value).expanduser().resolve()
+                try:
+                    load_jsonl(path, self.record_kind)
+                except ConfigError as err:
+                    raise ConfigError(f"algorithm.{field}: {err}") from None
+                setattr(self, field, str(path))
+        return self
 
     def check_batch(self, num_workers: int, micro_batch_size: int, unit: str, strict_micro: bool = True) -> None:
         """Batch arithmetic, checked before any actor starts."""

@@ -39,9 +39,10 @@ class TokenBatch:
         """The 2-D padding mask of unpacked rows; None for packed rows (the positions carry the boundaries)."""
         return None if self.packed else (self.doc_ids_BT > 0).long()
 
-    def model_inputs(self) -> dict[str, torch.Tensor | None]:
+    def model_inputs(self) -> dict[str, torch.Tensor | bool | None]:
+        """Keyword arguments of the model's forward. No KV cache: transformers ignores packed positions when one is given."""
         return {"input_ids": self.input_ids_BT, "position_ids": self.position_ids_BT,
-                "attention_mask": self.attention_mask_BT}
+                "attention_mask": self.attention_mask_BT, "use_cache": False}
 
     def documents(self) -> int:
         """How many documents (examples) the rows hold."""
@@ -102,8 +103,8 @@ def check_packing(model: torch.nn.Module, vocab_size: int, tol: float = 1e-3) ->
     was_training = model.training
     model.eval()
     try:
-        logits_packed = model(**packed.model_inputs(), use_cache=False).logits[0, 5:].float()
-        logits_alone = model(**alone.model_inputs(), use_cache=False).logits[0].float()
+        logits_packed = model(**packed.model_inputs()).logits[0, 5:].float()
+        logits_alone = model(**alone.model_inputs()).logits[0].float()
     finally:
         model.train(was_training)
     scale = float(logits_alone.abs().max()) or 1.0

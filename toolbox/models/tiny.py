@@ -20,13 +20,14 @@ SPECIAL = ["<pad>", "<s>", "</s>"]
 
 def build_char_tokenizer(alphabet: str):  # noqa: ANN201 - transformers type
     """A ``PreTrainedTokenizerFast`` with one token per character of ``alphabet``."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     chars = sorted(set(alphabet))
     vocab = {tok: i for i, tok in enumerate(SPECIAL + chars)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()  # decode "12" as "12", not WordLevel's space-joined "1 2"
     return PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<pad>"
     )

@@ -9,4 +9,4 @@ from toolbox.core.registry import Registry
 
 RECIPES: Registry = Registry("recipe")
 
-from toolbox.recipes import grpo  # noqa: E402,F401  (registers built-in recipes)
+from toolbox.recipes import dpo, grpo, ppo_env, sft  # noqa: E402,F401  (registers built-in recipes)

@@ -4,4 +4,4 @@ from toolbox.core.registry import Registry
 
 TRAINERS: Registry = Registry("trainer")
 
-from toolbox.trainers import grpo  # noqa: E402,F401  (registers built-in trainers)
+from toolbox.trainers import dpo, grpo, ppo_env, sft  # noqa: E402,F401  (registers built-in trainers)

@@ -1,6 +1,6 @@
 """`BaseTrainer`: the fixed skeleton every algorithm's driver loop runs (Template Method).
 
-``fit()`` = prepare -> for each step: train_step, maybe_evaluate, maybe_save -> finish.
+``fit()`` = prepare -> for each step: train_step, maybe_evaluate, maybe_save (until should_stop) -> finish.
 Subclasses write ``train_step`` (and optionally ``evaluate``/``save``/``prepare``).
 The loop never prints or writes files itself: it emits events, and callbacks do.
 """
@@ -37,7 +37,10 @@ class BaseTrainer(ABC):
             self.history.append(metrics)
             self.bus.emit(Event.STEP_END, {"step": self.step, "metrics": metrics})
             self.maybe_evaluate()
-            self.maybe_save()
+            stop = self.should_stop()
+            self.maybe_save(final=stop)
+            if stop:
+                break
         summary = self.summarize(time.perf_counter() - start)
         self.finish()
         self.bus.emit(Event.FIT_END, {"step": self.step, "summary": summary})
@@ -48,9 +51,9 @@ class BaseTrainer(ABC):
         if every and (self.step % every == 0 or self.step == self.cfg.total_steps):
             self.bus.emit(Event.EVAL_END, {"step": self.step, "metrics": self.evaluate()})
 
-    def maybe_save(self) -> None:
+    def maybe_save(self, final: bool = False) -> None:
         every = self.cfg.save_every
-        if self.step == self.cfg.total_steps or (every and self.step % every == 0):
+        if final or self.step == self.cfg.total_steps or (every and self.step % every == 0):
             self.last_checkpoint = self.save(self.step)
             self.bus.emit(Event.CHECKPOINT_SAVED, {"step": self.step, "path": self.last_checkpoint})
 
@@ -77,6 +80,10 @@ class BaseTrainer(ABC):
 
     def evaluate(self) -> dict[str, float]:
         return {}
+
+    def should_stop(self) -> bool:
+        """Checked after each step's evaluation: ``True`` ends the run early (with a final checkpoint)."""
+        return False
 
     @abstractmethod
     def save(self, step: int) -> str:

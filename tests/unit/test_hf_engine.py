@@ -1,0 +1,153 @@
+"""`toolbox.engines.hf.HFEngine` on a tiny model: shapes, EOS masks, finish codes, log-probs, greedy determinism."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from toolbox.engines.base import ENGINES, PromptRequest, SamplingConfig
+from toolbox.engines.hf import HFEngine, _response_mask
+from toolbox.learner.learner import sequence_logprobs
+from toolbox.models.loading import load_causal_lm
+from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, RolloutBatch
+from toolbox.rl.weights import pack_state_dict
+
+PROMPTS = ["1+2=", "13+4=", "2+2=", "9+9=", "0+0+1=", "3+3=", "4+1=", "12+12="]
+
+
+def requests(engine: HFEngine, repeat: int = 2) -> list[PromptRequest]:
+    return [PromptRequest(engine.tokenizer(p)["input_ids"], g, {"answer": str(g)}) for g, p in enumerate(PROMPTS)
+            for _ in range(repeat)]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> HFEngine:
+    return ENGINES.build({"name": "hf"}, inject={"model_path": str(tiny_model_dir), "seed": 0})
+
+
+@pytest.fixture(scope="module")
+def eos_engine(tiny_model_dir: Path) -> HFEngine:
+    """The tiny model with a bias towards EOS, so some rows stop early and some run to the length limit."""
+    eng = ENGINES.build({"name": "hf"}, inject={"model_path": str(tiny_model_dir), "seed": 1})
+    old = eng.model.lm_head
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(old.weight)
+        head.bias.zero_()
+        head.bias[eng.tokenizer.eos_token_id] = 0.7
+    eng.model.lm_head = head
+    return eng
+
+
+@pytest.fixture(scope="module")
+def learner_model(tiny_model_dir: Path) -> torch.nn.Module:
+    """The learner's own copy of the same weights."""
+    return load_causal_lm(str(tiny_model_dir)).eval()
+
+
+def test_shapes_and_prompt_layout(engine: HFEngine) -> None:
+    reqs = requests(engine)
+    batch = engine.generate(reqs, SamplingConfig(max_new_tokens=5))
+    b, p = len(reqs), max(len(r.ids) for r in reqs)
+    assert isinstance(batch, RolloutBatch) and len(batch) == b
+    assert batch.prompt_ids_BP.shape == (b, p) and batch.prompt_mask_BP.shape == (b, p)
+    assert batch.response_ids_BR.shape[0] == b and 1 <= batch.response_ids_BR.shape[1] <= 5
+    assert batch.logprobs_BR.shape == batch.response_ids_BR.shape == batch.response_mask_BR.shape
+    assert batch.group_B.tolist() == [r.group for r in reqs]
+    assert batch.extras == [r.extras for r in reqs]
+    for i, r in enumerate(reqs):  # left padding
+        assert batch.prompt_ids_BP[i, p - len(r.ids) :].tolist() == r.ids
+        assert batch.prompt_mask_BP[i].tolist() == [0] * (p - len(r.ids)) + [1] * len(r.ids)
+    assert batch.logprobs_BR.dtype == torch.float32 and (batch.logprobs_BR <= 0).all()
+
+
+def check_eos_masks(batch: RolloutBatch, eos: int, pad: int) -> None:
+    for ids, mask, finish, logp in zip(batch.response_ids_BR, batch.response_mask_BR, batch.finish_B, batch.logprobs_BR):
+        hits = (ids == eos).nonzero().flatten().tolist()
+        n = hits[0] + 1 if hits else len(ids)
+        assert mask.tolist() == [1] * n + [0] * (len(ids) - n)
+        assert (ids[n:] == pad).all() and (logp[n:] == 0).all()
+        assert finish.item() == (FINISH_STOP if hits else FINISH_LENGTH)
+        if not hits:  # a LENGTH row has used every token
+            assert n == len(ids)
+
+
+def test_masks_stop_after_first_eos(eos_engine: HFEngine) -> None:
+    tok = eos_engine.tokenizer
+    torch.manual_seed(0)  # sampling draws from torch's global RNG
+    batch = eos_engine.generate(requests(eos_engine, 3), SamplingConfig(max_new_tokens=6))
+    finishes = set(batch.finish_B.tolist())
+    assert finishes == {FINISH_STOP, FINISH_LENGTH}, "the EOS bias should give rows of both kinds"
+    check_eos_masks(batch, tok.eos_token_id, tok.pad_token_id)
+    assert batch.response_ids_BR.shape[1] == 6  # some row ran to the limit
+
+
+def test_without_stop_at_eos_everything_is_length(eos_engine: HFEngine) -> None:
+    batch = eos_engine.generate(requests(eos_engine), SamplingConfig(max_new_tokens=4, stop_at_eos=False))
+    assert batch.response_mask_BR.shape[1] == 4 and (batch.response_mask_BR == 1).all()
+    assert (batch.finish_B == FINISH_LENGTH).all()
+
+
+def test_response_mask_hand_case() -> None:
+    eos = 2
+    mask, finish = _response_mask(torch.tensor([[5, 2, 0, 0], [5, 6, 7, 8], [2, 2, 5, 2], [5, 6, 7, 2]]), eos)
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1]]
+    assert finish.tolist() == [FINISH_STOP, FINISH_LENGTH, FINISH_STOP, FINISH_STOP]
+    mask, finish = _response_mask(torch.tensor([[2, 2]]), None)
+    assert mask.tolist() == [[1, 1]] and finish.tolist() == [FINISH_LENGTH]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_learner_recomputation(engine: HFEngine, learner_model: torch.nn.Module, temperature: float) -> None:
+    torch.manual_seed(0)
+    batch = engine.generate(requests(engine), SamplingConfig(max_new_tokens=6, temperature=temperature))
+    with torch.no_grad():
+        recomputed = sequence_logprobs(learner_model, batch, temperature)
+    torch.testing.assert_close(recomputed, batch.logprobs_BR, atol=1e-5, rtol=0)
+    assert batch.response_mask_BR.sum() > len(batch)  # not trivially short
+
+
+def test_logprobs_match_with_early_stops(eos_engine: HFEngine) -> None:
+    batch = eos_engine.generate(requests(eos_engine, 3), SamplingConfig(max_new_tokens=6))
+    with torch.no_grad():
+        recomputed = sequence_logprobs(eos_engine.model, batch, 1.0)
+    torch.testing.assert_close(recomputed, batch.logprobs_BR, atol=1e-5, rtol=0)
+
+
+def test_greedy_is_deterministic(engine: HFEngine, learner_model: torch.nn.Module) -> None:
+    greedy = SamplingConfig(max_new_tokens=6, temperature=0.0)
+    torch.manual_seed(123)
+    a = engine.generate(requests(engine, 1), greedy)
+    torch.manual_seed(456)
+    b = engine.generate(requests(engine, 1), greedy)
+    assert torch.equal(a.response_ids_BR, b.response_ids_BR) and torch.equal(a.logprobs_BR, b.logprobs_BR)
+    # Greedy tokens are the argmax of the learner's own distribution at every real position.
+    with torch.no_grad():
+        ids = torch.cat([a.prompt_ids_BP, a.response_ids_BR], 1)
+        attn = torch.cat([a.prompt_mask_BP, a.response_mask_BR], 1)
+        logits = learner_model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits
+    p = a.prompt_ids_BP.shape[1]
+    argmax = logits[:, p - 1 : -1].argmax(-1)
+    real = a.response_mask_BR.bool()
+    assert torch.equal(argmax[real], a.response_ids_BR[real])
+
+
+def test_chunked_generation_matches_one_call(tiny_model_dir: Path, engine: HFEngine) -> None:
+    chunked = ENGINES.build({"name": "hf", "max_batch_size": 3}, inject={"model_path": str(tiny_model_dir)})
+    greedy = SamplingConfig(max_new_tokens=5, temperature=0.0)
+    reqs = requests(engine, 1)
+    a, b = engine.generate(reqs, greedy), chunked.generate(reqs, greedy)
+    assert torch.equal(a.prompt_ids_BP, b.prompt_ids_BP) and a.group_B.tolist() == b.group_B.tolist()
+    assert torch.equal(a.response_mask_BR, b.response_mask_BR)
+    assert torch.equal(a.response_ids_BR * a.response_mask_BR, b.response_ids_BR * b.response_mask_BR)
+
+
+def test_update_weights_loads_new_policy(tiny_model_dir: Path, learner_model: torch.nn.Module) -> None:
+    eng = HFEngine(str(tiny_model_dir))
+    state = {k: v + 0.01 for k, v in learner_model.state_dict().items()}
+    copied = eng.update_weights(pack_state_dict(state, bucket_bytes=32 << 10))
+    assert copied == sum(v.numel() * v.element_size() for v in state.values())
+    got = eng.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in state.items())

@@ -1,0 +1,101 @@
+"""SFTLearner numerics: micro-batch accumulation invariance, a loss-curve golden file, config errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from toolbox.config import load_config
+from toolbox.core.errors import ConfigError
+from toolbox.learner.config import LearnerConfig, OptimConfig
+from toolbox.learner.sft import SFTLearner
+from toolbox.objectives.sft import SFTConfig
+from tests.unit.golden import check_golden, run_recipe
+
+
+def make_learner(model_dir: Path, **algo: object) -> SFTLearner:
+    cfg = LearnerConfig(num_workers=1, strategy="single", micro_batch_size=8, optim=OptimConfig(lr=1e-3))
+    return SFTLearner(str(model_dir), "float32", cfg, SFTConfig(batch_size=8, max_length=16, **algo), total_steps=4,
+                      task={"name": "digit_add", "max_operand": 9}, seed=0)
+
+
+def grads_with_micro_batch(learner: SFTLearner, micro: int) -> tuple[dict[str, torch.Tensor], float]:
+    learner.cfg = learner.cfg.model_copy(update={"micro_batch_size": micro})
+    learner.optimizer.zero_grad(set_to_none=True)
+    metrics = learner.accumulate(learner.train_data.step(0, 8), backward=True)
+    grads = {n: p.grad.clone() for n, p in learner.policy.named_parameters() if p.grad is not None}
+    learner.optimizer.zero_grad(set_to_none=True)
+    return grads, metrics["loss"]
+
+
+@pytest.mark.parametrize(("packing", "objective"), [(False, "sft"), (True, "sft"), (False, "seq"), (True, "seq")])
+def test_micro_batches_of_one_accumulate_to_the_full_batch_gradient(tiny_model_dir: Path, packing: bool,
+                                                                    objective: str) -> None:
+    learner = make_learner(tiny_model_dir, packing=packing, objective=objective)
+    one_by_eight, loss_a = grads_with_micro_batch(learner, 8)
+    eight_by_one, loss_b = grads_with_micro_batch(learner, 1)
+    assert loss_a == pytest.approx(loss_b, rel=1e-5)
+    assert one_by_eight.keys() == eight_by_one.keys() and one_by_eight
+    for name, g in one_by_eight.items():
+        torch.testing.assert_close(eight_by_one[name], g, atol=1e-6, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_packing_changes_layout_not_loss(tiny_model_dir: Path) -> None:
+    packed = make_learner(tiny_model_dir, packing=True)
+    padded = make_learner(tiny_model_dir, packing=False)
+    records = packed.train_data.step(3, 8)
+    with torch.no_grad():
+        a, b = packed.accumulate(records, backward=False), padded.accumulate(records, backward=False)
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5) and a["tokens"] == b["tokens"]
+    assert a["fill"] > b["fill"]
+
+
+def test_sft_loss_curve_matches_golden(tmp_path: Path) -> None:
+    history = run_recipe(tmp_path, "experiment=sft_tiny", "trainer.total_steps=8")
+    losses = [m["loss"] for m in history]
+    assert losses[-1] < losses[0]
+    check_golden("sft_tiny", history, ["loss", "grad_norm"])
+
+
+def test_evaluate_reports_held_out_loss_without_training(tiny_model_dir: Path) -> None:
+    learner = make_learner(tiny_model_dir)
+    before = {n: p.detach().clone() for n, p in learner.policy.named_parameters()}
+    metrics = learner.evaluate()
+    assert metrics["loss"] > 0 and metrics["documents"] == 64
+    assert all(torch.equal(before[n], p) for n, p in learner.policy.named_parameters())
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("algorithm.objective=sigmoid", "'sigmoid' is a preference objective; the 'sft' trainer takes supervised objectives: sft, seq"),
+    ("algorithm.objective=grpo", "'grpo' is a policy objective; the 'sft' trainer"),
+    ("algorithm.batch_size=63", "algorithm.batch_size=63 examples do not split over learner.num_workers=2"),
+])
+def test_config_errors_name_both_sides(override: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(["experiment=sft_tiny", override])
+    assert expected in str(info.value)
+    assert "algorithm" in str(info.value)
+
+
+def test_unpacked_batches_must_split_into_micro_batches() -> None:
+    with pytest.raises(ConfigError, match="learner.micro_batch_size=5"):
+        load_config(["experiment=sft_tiny", "algorithm.packing=false", "learner.micro_batch_size=5"])
+    load_config(["experiment=sft_tiny", "learner.micro_batch_size=5"])  # packed rows: any micro-batch size
+
+
+def test_dataset_file_errors_fail_at_config_time(tmp_path: Path) -> None:
+    bad = tmp_path / "train.jsonl"
+    bad.write_text('{"prompt": "1+1=", "response": "2"}\n{"prompt": "1+2="}\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(["experiment=sft_tiny", f"algorithm.dataset={bad}"])
+    assert f"algorithm.dataset: {bad}:2: field 'response'" in str(info.value)
+
+
+def test_trains_from_a_jsonl_file(tmp_path: Path) -> None:
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(f'{{"prompt": "{a}+{a}=", "response": "{2 * a}"}}\n' for a in range(5)))
+    history = run_recipe(tmp_path, "experiment=sft_tiny", f"algorithm.dataset={data}", "trainer.total_steps=3",
+                         "algorithm.batch_size=8")
+    assert len(history) == 3 and all(m["documents"] == 8 for m in history)

@@ -1,0 +1,40 @@
+"""`EnvRunnerWorker`: a Ray actor shell around an `EnvRunner` (gymnasium rollouts for classic RL)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from toolbox.actors.resolve import node_info, resolve, share
+from toolbox.rl.env_runner import EnvRunner
+
+
+class EnvRunnerWorker:
+    """Steps its vector env with the current policy; the trajectory goes to the object store, the driver gets a ref."""
+
+    def __init__(self, rank: int, build: Callable[[int], EnvRunner], torch_threads: int = 1) -> None:
+        torch.set_num_threads(torch_threads)
+        self.rank = rank
+        self.runner = build(rank)
+
+    def ready(self) -> dict[str, str]:
+        return node_info()
+
+    def rollout(self, num_steps: int) -> dict[str, Any]:
+        """``{"batch": ref, "steps", "returns", "lengths", "seconds"}``: bulk by ref, episode stats by value."""
+        start = time.perf_counter()
+        batch, episodes = self.runner.rollout(num_steps)
+        return {"batch": share(batch), "steps": batch.num_steps, "returns": episodes.returns,
+                "lengths": episodes.lengths, "seconds": time.perf_counter() - start}
+
+    def update_weights(self, bucket_refs: list[Any]) -> int:
+        return self.runner.load_weights(resolve(bucket_refs))
+
+    def evaluate(self, num_episodes: int, seed: int) -> list[float]:
+        return self.runner.evaluate(num_episodes, seed)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in self.runner.model.state_dict().items()}

@@ -1,0 +1,66 @@
+"""Throughput of the default GRPO experiment's step: completions/s and where the time goes.
+
+``python -m toolbox.bench grpo [--steps 30] [--warmup 3] [overrides ...]``
+
+Runs the default experiment (``grpo_tiny``, real Ray, 2 FSDP2 learner ranks) and
+reports, over the steps after warm-up, completions per second and the share of
+step time spent generating, scoring, training and syncing weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+
+
+def phase_table(history: list[dict[str, float]], rows_per_step: int) -> dict[str, float]:
+    """Sum the per-step phase timings into totals, shares and completions/s."""
+    phases = ("generate_s", "reward_s", "train_s", "sync_s")
+    totals = {p: sum(m[p] for m in history) for p in phases}
+    step_total = sum(m["step_time_s"] for m in history)
+    out = {"steps": len(history), "completions_per_s": rows_per_step * len(history) / step_total,
+           "step_s": step_total / len(history)}
+    for p in phases:
+        out[f"{p.removesuffix('_s')}_share"] = totals[p] / step_total
+    out["driver_overhead_share"] = 1.0 - sum(totals.values()) / step_total
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m toolbox.bench grpo", description=__doc__)
+    parser.add_argument("--steps", type=int, default=30, help="Timed steps.")
+    parser.add_argument("--warmup", type=int, default=3, help="Untimed steps first.")
+    parser.add_argument("--out", default="", help="Also write the results as JSON here.")
+    parser.add_argument("overrides", nargs="*", help="Config overrides, as for toolbox.run.")
+    args = parser.parse_args(argv)
+    import ray
+    from rich.console import Console
+    from rich.table import Table
+
+    from toolbox.config import load_config
+    from toolbox.experiment import ExperimentBuilder, ray_init_kwargs
+
+    run_root = tempfile.mkdtemp(prefix="bench-grpo-")
+    cfg = load_config([f"trainer.total_steps={args.steps + args.warmup}", "trainer.eval_every=0", "callbacks=[]",
+                       f"trainer.run_root={run_root}", *args.overrides])
+    builder = ExperimentBuilder(cfg)
+    ray.init(**ray_init_kwargs(cfg), log_to_driver=False)
+    try:
+        trainer = builder.build_trainer()
+        trainer.fit()
+        result = phase_table(trainer.history[args.warmup :], cfg.algorithm.rollouts_per_step)
+    finally:
+        builder.shutdown()
+        ray.shutdown()
+    table = Table(title=f"GRPO step ({cfg.experiment}: {cfg.algorithm.rollouts_per_step} completions/step, "
+                        f"{cfg.rollout.num_workers} rollout, {cfg.learner.num_workers} learner ranks)")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        table.add_row(key, f"{value:.1%}" if key.endswith("share") else f"{value:.3g}")
+    Console().print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0

@@ -1,0 +1,143 @@
+"""Learner -> rollout weight sync throughput, beside a plain memcpy of the same bytes.
+
+``python -m toolbox.bench weight_sync [--sizes-mb 100,1000] [--repeats 3]``
+
+A sender actor packs its parameters into buckets and puts them in the object store
+(exactly the learner's ``export_weights`` path); a receiver actor loads them with
+``load_into`` (the rollout engine's path). The clock runs from the export call to
+the receiver's return, seen from the driver. The memcpy baseline copies the same
+bytes between two warm numpy buffers in one process, single-threaded, in the same
+run. The object store is pre-faulted so both sides compare copies, not page faults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+TENSOR_MB = 16
+
+
+def make_module(total_mb: int, seed: int) -> torch.nn.Module:
+    """Parameters of TENSOR_MB each adding up to ``total_mb`` (float32)."""
+    gen = torch.Generator().manual_seed(seed)
+    module = torch.nn.Module()
+    numel = TENSOR_MB * (1 << 20) // 4
+    for i in range(max(1, total_mb // TENSOR_MB)):
+        module.register_parameter(f"p{i:04d}", torch.nn.Parameter(torch.randn(numel, generator=gen), requires_grad=False))
+    return module
+
+
+class Sender:
+    """Holds weights like a learner rank and exports them as bucket refs."""
+
+    def __init__(self, total_mb: int, bucket_mb: int) -> None:
+        torch.set_num_threads(1)
+        self.module, self.bucket_mb = make_module(total_mb, seed=1), bucket_mb
+
+    def export(self) -> tuple[list[Any], float, float]:
+        import ray
+
+        from toolbox.rl.weights import pack_state_dict
+
+        t0 = time.perf_counter()
+        buckets = pack_state_dict(self.module.state_dict(), self.bucket_mb << 20)
+        t1 = time.perf_counter()
+        refs = [ray.put(b) for b in buckets]
+        return refs, t1 - t0, time.perf_counter() - t1
+
+    def checksum(self) -> float:
+        return float(sum(p.double().sum() for p in self.module.parameters()))
+
+
+class Receiver:
+    """Holds weights like a rollout engine and loads bucket refs."""
+
+    def __init__(self, total_mb: int) -> None:
+        torch.set_num_threads(1)
+        self.module = make_module(total_mb, seed=2)
+
+    def load(self, refs: list[Any]) -> tuple[int, float]:
+        import ray
+
+        from toolbox.rl.weights import load_into
+
+        t0 = time.perf_counter()
+        loaded = load_into(self.module, ray.get(refs))
+        return loaded, time.perf_counter() - t0
+
+    def checksum(self) -> float:
+        return float(sum(p.double().sum() for p in self.module.parameters()))
+
+
+def memcpy_seconds(nbytes: int, repeats: int) -> float:
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # warm both buffers
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure(size_mb: int, repeats: int, bucket_mb: int) -> dict[str, float]:
+    import ray
+
+    sender = ray.remote(Sender).options(num_cpus=0.5).remote(size_mb, bucket_mb)
+    receiver = ray.remote(Receiver).options(num_cpus=0.5).remote(size_mb)
+    ray.get([sender.checksum.remote(), receiver.checksum.remote()])
+    best: dict[str, float] = {"sync_s": float("inf")}
+    for _ in range(repeats + 1):  # the first round warms the object store's arena
+        t0 = time.perf_counter()
+        refs, pack_s, put_s = ray.get(sender.export.remote())
+        _, load_s = ray.get(receiver.load.remote(refs))
+        sync_s = time.perf_counter() - t0
+        if sync_s < best["sync_s"]:
+            best = {"sync_s": sync_s, "pack_s": pack_s, "put_s": put_s, "load_s": load_s}
+        del refs
+    if ray.get(sender.checksum.remote()) != ray.get(receiver.checksum.remote()):
+        raise AssertionError("receiver weights differ from sender after sync")
+    nbytes = max(1, size_mb // TENSOR_MB) * TENSOR_MB << 20
+    memcpy_s = memcpy_seconds(nbytes, repeats)
+    for actor in (sender, receiver):
+        ray.kill(actor)
+    return {"size_mb": nbytes >> 20, **best, "sync_gbps": nbytes / best["sync_s"] / 1e9,
+            "memcpy_s": memcpy_s, "memcpy_gbps": nbytes / memcpy_s / 1e9, "ratio": memcpy_s / best["sync_s"]}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m toolbox.bench weight_sync", description=__doc__)
+    parser.add_argument("--sizes-mb", default="100,1000", help="Comma-separated weight sizes in MB.")
+    parser.add_argument("--repeats", type=int, default=3, help="Timed rounds per size (best is reported).")
+    parser.add_argument("--bucket-mb", type=int, default=256, help="Bucket size, as learner.bucket_mb.")
+    parser.add_argument("--out", default="", help="Also write the results as JSON here.")
+    args = parser.parse_args(argv)
+    import ray
+    from rich.console import Console
+    from rich.table import Table
+
+    sizes = [int(s) for s in args.sizes_mb.split(",")]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=max(sizes) * 3 << 20,
+             _system_config={"preallocate_plasma_memory": True})
+    try:
+        rows = [measure(size, args.repeats, args.bucket_mb) for size in sizes]
+    finally:
+        ray.shutdown()
+    table = Table(title="learner -> rollout weight sync (CPU, Ray object store)")
+    for col in ("size MB", "sync s", "pack s", "put s", "load s", "sync GB/s", "memcpy GB/s", "sync / memcpy"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["size_mb"]), f"{r['sync_s']:.3f}", f"{r['pack_s']:.3f}", f"{r['put_s']:.3f}",
+                      f"{r['load_s']:.4f}", f"{r['sync_gbps']:.2f}", f"{r['memcpy_gbps']:.2f}", f"{r['ratio']:.2f}x")
+    Console().print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0

@@ -1,0 +1,83 @@
+"""`DPOLearner`: offline preference optimisation on one rank against a frozen reference.
+
+A micro-batch of ``m`` pairs is one forward of ``2m`` rows (chosen rows, then
+rejected rows) through the policy and, without gradients, through the reference.
+Per-pair losses come from `toolbox.objectives.preference.dpo_loss` and are summed
+and divided by the global number of pairs, so accumulation and data parallelism
+reproduce the one-big-batch gradient.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch import nn
+
+from toolbox.data.encode import Example, encode_preference
+from toolbox.data.offline import Record
+from toolbox.data.packing import TokenBatch, pad_examples
+from toolbox.learner.base import chunks_of
+from toolbox.learner.config import LearnerConfig
+from toolbox.learner.offline import OfflineLearner
+from toolbox.objectives.dpo import DPOConfig
+from toolbox.objectives.preference import dpo_loss, implicit_rewards
+from toolbox.objectives.supervised import shift_targets, token_logprobs
+
+
+def sequence_logps(model: nn.Module, batch: TokenBatch, average: bool = False) -> torch.Tensor:
+    """Summed (or, with ``average``, mean) log-prob of each row's target tokens, ``[B]``."""
+    logits_BTV = model(**batch.model_inputs()).logits[:, :-1]
+    labels_BT, mask_BT = shift_targets(batch.input_ids_BT, batch.loss_mask_BT, batch.doc_ids_BT)
+    mask = mask_BT.to(torch.float32)
+    total_B = (token_logprobs(logits_BTV, labels_BT) * mask).sum(dim=-1)
+    return total_B / mask.sum(dim=-1).clamp(min=1.0) if average else total_B
+
+
+class DPOLearner(OfflineLearner):
+    """One offline-DPO learner rank: a trainable policy and a frozen copy of it as the reference."""
+
+    kind = "preference"
+
+    def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: DPOConfig, total_steps: int,
+                 task: dict[str, Any], seed: int = 0) -> None:
+        super().__init__(model_path, dtype, cfg, algo, total_steps, task, seed, frozen_reference=True)
+        self.algo = algo
+
+    def encode(self, records: list[Record]) -> list[tuple[Example, Example]]:
+        a = self.algo
+        return [encode_preference(r, self.tokenizer, a.max_length, a.use_chat_template) for r in records]
+
+    def accumulate(self, records: list[Record], backward: bool) -> dict[str, float]:
+        pairs = self.encode(records)
+        share = self.global_sum([len(pairs)])[0] / self.world
+        sums: dict[str, float] = defaultdict(float)
+        for rows in chunks_of(slice(0, len(pairs)), self.cfg.micro_batch_size):
+            chosen, rejected = zip(*pairs[rows])
+            batch = pad_examples(list(chosen) + list(rejected), self.tokenizer.pad_token_id)
+            loss, terms = self._pair_terms(batch, len(chosen))
+            value = loss.sum() / max(share, 1e-9)
+            if backward:
+                value.backward()
+            for key, per_pair in terms.items():
+                sums[key] += float(per_pair.sum()) / max(share, 1e-9)
+            sums["loss"] += float(value.detach())
+        keys = sorted(sums)
+        reduced = self.global_sum(sums[k] for k in keys)
+        return {k: v / self.world for k, v in zip(keys, reduced)}
+
+    def _pair_terms(self, batch: TokenBatch, m: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Per-pair losses of a ``2m``-row batch and the detached per-pair metrics."""
+        a = self.algo
+        logps = sequence_logps(self.policy, batch, a.average_logps)
+        assert self.ref is not None
+        with torch.no_grad():
+            ref_logps = sequence_logps(self.ref, batch, a.average_logps)
+        pc, pr, rc, rr = logps[:m], logps[m:], ref_logps[:m], ref_logps[m:]
+        loss = dpo_loss(pc, pr, rc, rr, a.beta, a.loss_type, a.label_smoothing)  # type: ignore[arg-type]
+        chosen_r, rejected_r = implicit_rewards(pc.detach(), rc, a.beta), implicit_rewards(pr.detach(), rr, a.beta)
+        terms = {"accuracy": (chosen_r > rejected_r).float(), "margin": chosen_r - rejected_r,
+                 "chosen_reward": chosen_r, "rejected_reward": rejected_r,
+                 "chosen_logp": pc.detach(), "rejected_logp": pr.detach()}
+        return loss, terms

@@ -1,0 +1,61 @@
+"""`OfflineLearner`: the shared shape of learners that train on a fixed dataset (SFT, offline DPO).
+
+Each rank builds its own slice of a step's global batch from the dataset spec and
+the step index (`RecordSource`), so the driver sends an integer and gets metrics
+back. Subclasses write ``accumulate``: forward/backward over this rank's records,
+returning metrics already reduced over all ranks (every rank returns the same dict).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+import torch
+
+from toolbox.data.offline import Kind, OfflineDataConfig, Record, RecordSource
+from toolbox.data.tasks import TASKS
+from toolbox.learner.base import LearnerBase, rank_slice
+from toolbox.learner.config import LearnerConfig
+from toolbox.models.loading import load_tokenizer
+
+
+class OfflineLearner(LearnerBase):
+    """A learner rank over an offline dataset. ``update(step)`` and ``evaluate()`` are collective."""
+
+    kind: Kind = "sft"
+
+    def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: OfflineDataConfig, total_steps: int,
+                 task: dict[str, Any], seed: int, frozen_reference: bool = False) -> None:
+        super().__init__(model_path, dtype, cfg, total_steps, frozen_reference=frozen_reference)
+        self.data_cfg = algo
+        self.tokenizer = load_tokenizer(model_path)
+        built = TASKS.build(task)
+        self.train_data = RecordSource.train(algo, self.kind, seed, built)
+        self.eval_data = RecordSource.held_out(algo, self.kind, seed, built)
+
+    def update(self, step: int) -> dict[str, float]:
+        """One optimizer step on this rank's share of step ``step``'s global batch; returns global metrics."""
+        records = self.train_data.step(step, self.data_cfg.batch_size)
+        mine = records[rank_slice(len(records), self.rank, self.world)]
+        metrics = self.accumulate(mine, backward=True)
+        metrics.update(self.optimizer_step())
+        self.step += 1
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """The same metrics on the held-out records, without updating; ``{}`` when there are none."""
+        if self.eval_data is None:
+            return {}
+        records = self.eval_data.first(self.data_cfg.eval_samples)
+        records = records[: len(records) - len(records) % self.world]  # equal shares keep collectives in step
+        self.policy.eval()
+        try:
+            return self.accumulate(records[rank_slice(len(records), self.rank, self.world)], backward=False)
+        finally:
+            self.policy.train()
+
+    @abstractmethod
+    def accumulate(self, records: list[Record], backward: bool) -> dict[str, float]:
+        """Loss (and, with ``backward``, gradients) of this rank's ``records``, normalised by global counts."""

@@ -1,0 +1,181 @@
+"""`PPOEnvLearner`: one rank of the classic-RL learner group (actor-critic MLP, Adam, PPO epochs).
+
+Plain torch; the `LearnerWorker` actor owns process-group setup and builds this.
+Strategies: ``single`` and ``ddp`` (an MLP this small has nothing to shard, so no
+``fsdp2``). Every rank reads every runner's batch (it is small), folds the same
+statistics, computes the same advantages, and trains on its own slice of the steps;
+DDP averages the gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from toolbox.learner.checkpoint import load_checkpoint, save_checkpoint
+from toolbox.learner.config import LearnerConfig, OptimConfig
+from toolbox.learner.strategy import full_state_dict, is_distributed, wrap
+from toolbox.models.mlp import ActorCritic
+from toolbox.objectives.ppo import PPOEnvConfig, ppo_env_loss
+from toolbox.rl.advantages import gae
+from toolbox.rl.envs import SpaceSpec
+from toolbox.rl.trajectory import TrajectoryBatch
+from toolbox.rl.weights import WeightBucket, pack_state_dict
+
+Samples = dict[str, torch.Tensor]
+
+
+def lr_multiplier(o: OptimConfig, total: int) -> Callable[[int], float]:
+    """The factor `LambdaLR` applies at optimizer step ``s`` (the transformers schedule names, without transformers)."""
+
+    def factor(s: int) -> float:
+        if o.warmup_steps and s < o.warmup_steps:
+            return (s + 1) / o.warmup_steps
+        if o.scheduler in {"constant", "constant_with_warmup"}:
+            return 1.0
+        progress = min(1.0, (s - o.warmup_steps) / max(1, total - o.warmup_steps))
+        return 1.0 - progress if o.scheduler == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def returns_and_advantages(batch: TrajectoryBatch, rewards_TN: torch.Tensor, gamma: float,
+                           lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over a batch whose truncated steps bootstrap from ``V(final obs)`` and terminated ones do not.
+
+    A truncated step's reward gets ``gamma * V(final obs)`` added and then counts as
+    done, so GAE neither bootstraps from nor leaks across the next episode's first state.
+    """
+    bootstrap_TN = (batch.truncated_TN & ~batch.terminated_TN).to(rewards_TN.dtype)
+    rewards_TN = rewards_TN + gamma * batch.final_values_TN * bootstrap_TN
+    dones_TN = batch.terminated_TN | batch.truncated_TN
+    return gae(rewards_TN, batch.values_TN, dones_TN, batch.last_value_N, gamma, lam)
+
+
+class PPOEnvLearner:
+    """One learner rank. Every public method is collective: all ranks call it together."""
+
+    def __init__(self, spec: SpaceSpec, algo: PPOEnvConfig, cfg: LearnerConfig, total_steps: int) -> None:
+        if cfg.strategy not in {"single", "ddp"}:
+            raise ValueError(f"learner.strategy {cfg.strategy!r}: the ppo_env learner supports 'single' and 'ddp'")
+        self.algo, self.cfg = algo, cfg
+        self.rank = dist.get_rank() if is_distributed() else 0
+        self.world = dist.get_world_size() if is_distributed() else 1
+        self.model = ActorCritic(spec, algo.policy)
+        self.policy = wrap(self.model, cfg.strategy)
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps,
+                                           weight_decay=o.weight_decay)
+        total = max(1, total_steps * algo.epochs * algo.minibatches)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(o, total))
+        self.step = 0
+
+    # ---- the update -------------------------------------------------------------------------
+    def update(self, batches: list[TrajectoryBatch]) -> dict[str, float]:
+        """One PPO step on the runners' batches (in runner order); returns metrics."""
+        if self.algo.policy.normalize_obs:  # affects the next rollouts; these batches were normalised already
+            for b in batches:
+                self.model.obs_rms.update_from_moments(b.obs_mean_O, b.obs_var_O, b.obs_count)
+        batch = TrajectoryBatch.concat_envs(batches)
+        rewards_TN = batch.rewards_TN
+        if self.algo.scale_rewards:
+            self.model.ret_rms.update(batch.discounted_returns_TN.reshape(-1))
+            rewards_TN = self.model.ret_rms.scale(rewards_TN, self.algo.reward_clip)
+        adv_TN, ret_TN = returns_and_advantages(batch, rewards_TN, self.algo.gamma, self.algo.gae_lambda)
+        samples = self._my_slice(batch, adv_TN, ret_TN)
+        stats = self._epochs(samples)
+        self.step += 1
+        metrics = {k: sum(v) / len(v) for k, v in stats.items()}
+        metrics["explained_variance"] = explained_variance(samples["values"], samples["returns"])
+        metrics["updates"] = float(len(stats["loss"]))
+        if self.algo.scale_rewards:
+            metrics["reward_scale"] = float(self.model.ret_rms.var.sqrt())
+        return metrics
+
+    def _my_slice(self, batch: TrajectoryBatch, adv_TN: torch.Tensor, ret_TN: torch.Tensor) -> Samples:
+        """Flatten ``[T, N]`` to samples and keep this rank's contiguous share."""
+        n = batch.num_steps
+        if n % self.world:
+            raise ValueError(f"{n} env steps per training step do not split over {self.world} learner ranks")
+        rows = slice(self.rank * n // self.world, (self.rank + 1) * n // self.world)
+        flat = {
+            "obs": batch.obs_TNO.reshape(n, -1), "actions": batch.actions_TN.reshape(n, *batch.actions_TN.shape[2:]),
+            "logp": batch.logp_TN.reshape(n), "values": batch.values_TN.reshape(n),
+            "advantages": adv_TN.reshape(n), "returns": ret_TN.reshape(n),
+        }
+        return {k: v[rows] for k, v in flat.items()}
+
+    def _epochs(self, data: Samples) -> dict[str, list[float]]:
+        """``epochs`` shuffled passes of ``minibatches`` optimizer steps; stops early past ``target_kl``."""
+        stats: dict[str, list[float]] = defaultdict(list)
+        n = len(data["logp"])
+        size = math.ceil(n / self.algo.minibatches)
+        for _ in range(self.algo.epochs):
+            perm = torch.randperm(n)
+            for start in range(0, n, size):
+                if not self._minibatch_step({k: v[perm[start : start + size]] for k, v in data.items()}, stats):
+                    stats["kl_stopped"].append(1.0)
+                    return stats
+        stats["kl_stopped"].append(0.0)
+        return stats
+
+    def _minibatch_step(self, mb: Samples, stats: dict[str, list[float]]) -> bool:
+        """One optimizer step; ``False`` (and no step) when the policy already moved past ``target_kl``."""
+        logp, entropy, values = self.policy(mb["obs"], mb["actions"])
+        adv = mb["advantages"]
+        if self.algo.normalize_advantages and len(adv) > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        terms = ppo_env_loss(self.algo, logp, mb["logp"], adv, entropy, values, mb["values"], mb["returns"])
+        if self.algo.target_kl is not None and self._mean_over_ranks(terms.approx_kl) > self.algo.target_kl:
+            return False
+        self.optimizer.zero_grad(set_to_none=True)
+        terms.loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.max_grad_norm)
+        stats["lr"].append(self.scheduler.get_last_lr()[0])
+        self.optimizer.step()
+        self.scheduler.step()
+        for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac"):
+            stats[key].append(getattr(terms, key))
+        stats["loss"].append(float(terms.loss.detach()))
+        stats["grad_norm"].append(float(grad_norm))
+        return True
+
+    def _mean_over_ranks(self, value: float) -> float:
+        """All ranks must agree on an early stop, or DDP's collectives would hang."""
+        if not is_distributed():
+            return value
+        t = torch.tensor([value])
+        dist.all_reduce(t)
+        return float(t) / self.world
+
+    # ---- weights and checkpoints ------------------------------------------------------------
+    def export_weights(self) -> list[WeightBucket]:
+        """Weights and normalisation statistics as buckets on rank 0; ``[]`` on other ranks."""
+        state = full_state_dict(self.policy)
+        return pack_state_dict(state, self.cfg.bucket_mb << 20) if self.rank == 0 else []
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return full_state_dict(self.policy)
+
+    def save(self, path: str | Path) -> Path:
+        """DCP checkpoint: weights, normalisation statistics (buffers), Adam state; step, schedule, RNG beside it."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        return save_checkpoint(path, self.policy, self.optimizer, {"step": self.step, "scheduler": self.scheduler.state_dict()})
+
+    def load(self, path: str | Path) -> int:
+        extra = load_checkpoint(Path(path), self.policy, self.optimizer)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        self.step = int(extra["step"])
+        return self.step
+
+
+def explained_variance(pred_B: torch.Tensor, target_B: torch.Tensor) -> float:
+    """``1 - Var(target - pred) / Var(target)``: 1 is a perfect critic, <= 0 no better than a constant."""
+    var = float(target_B.var())
+    return float("nan") if var == 0 else 1.0 - float((target_B - pred_B).var()) / var

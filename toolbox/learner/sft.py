@@ -1,0 +1,71 @@
+"""`SFTLearner`: supervised fine-tuning on one rank — masked next-token loss, optional packing.
+
+The loss of every micro-batch is divided by the *global* count of target tokens
+(``sft``) or documents (``seq``) of the step, so micro-batch accumulation and data
+parallelism both reproduce the gradient of one big batch. Packed rows differ in
+number between ranks, so every rank runs as many micro-batches as the busiest one
+(the extra ones are empty): FSDP's collectives must line up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolbox.data.encode import Example, encode_sft
+from toolbox.data.offline import Record
+from toolbox.data.packing import TokenBatch, check_packing, pack_examples, pad_examples
+from toolbox.learner.base import chunks_of
+from toolbox.learner.config import LearnerConfig
+from toolbox.learner.offline import OfflineLearner
+from toolbox.objectives.sft import SFTConfig
+from toolbox.objectives.supervised import document_mean_nll, document_weights, masked_nll, shift_targets
+
+
+class SFTLearner(OfflineLearner):
+    """One SFT learner rank."""
+
+    kind = "sft"
+
+    def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: SFTConfig, total_steps: int,
+                 task: dict[str, Any], seed: int = 0) -> None:
+        super().__init__(model_path, dtype, cfg, algo, total_steps, task, seed)
+        self.algo = algo
+        if algo.packing:
+            check_packing(self.policy, len(self.tokenizer))
+
+    def collate(self, records: list[Record]) -> TokenBatch:
+        """Tokenise (with loss masks) and pack or pad this rank's records."""
+        a, pad = self.algo, self.tokenizer.pad_token_id
+        examples = [encode_sft(r, self.tokenizer, a.max_length, a.use_chat_template) for r in records]
+        return pack_examples(examples, a.max_length, pad) if a.packing else pad_examples(examples, pad)
+
+    def accumulate(self, records: list[Record], backward: bool) -> dict[str, float]:
+        batch = self.collate(records)
+        _, mask_BT = shift_targets(batch.input_ids_BT, batch.loss_mask_BT, batch.doc_ids_BT)
+        docs = float(round(float(document_weights(batch.doc_ids_BT[:, 1:], mask_BT).sum()))) if len(batch) else 0.0
+        tokens_all, docs_all = self.global_sum([float(mask_BT.sum()), docs])
+        # This rank's share of the global normaliser: gradients are averaged over ranks.
+        norm = (tokens_all if self.algo.objective == "sft" else docs_all) / self.world
+        parts = [batch.select(rows) for rows in chunks_of(slice(0, len(batch)), self.cfg.micro_batch_size)]
+        parts += [self._empty_batch(batch.packed)] * (int(self.global_max(len(parts))) - len(parts))
+        loss = 0.0
+        for part in parts:
+            part_labels, part_mask = shift_targets(part.input_ids_BT, part.loss_mask_BT, part.doc_ids_BT)
+            logits = self.policy(**part.model_inputs()).logits[:, :-1]
+            if self.algo.objective == "sft":
+                value = masked_nll(logits, part_labels, part_mask, token_count=norm)
+            else:
+                value = document_mean_nll(logits, part_labels, part_mask, part.doc_ids_BT[:, 1:], doc_count=norm)
+            if backward:
+                value.backward()
+            loss += float(value.detach())
+        real = float((batch.doc_ids_BT > 0).sum())
+        loss_all, real_all, slots_all = self.global_sum([loss, real, float(batch.doc_ids_BT.numel())])
+        return {"loss": loss_all / self.world, "tokens": tokens_all, "documents": docs_all,
+                "fill": real_all / max(slots_all, 1.0)}
+
+    def _empty_batch(self, packed: bool) -> TokenBatch:
+        """A one-row batch with no target token: keeps this rank's forward/backward count equal to the others'."""
+        pad = self.tokenizer.pad_token_id
+        empty = [Example([pad, pad], [0, 0])]
+        return pack_examples(empty, 2, pad) if packed else pad_examples(empty, pad)

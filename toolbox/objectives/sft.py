@@ -1,0 +1,28 @@
+"""The SFT algorithm's config: the supervised objective, packing, and the offline data it reads."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from toolbox.data.offline import OfflineDataConfig
+from toolbox.objectives.families import check_objective
+
+
+class SFTConfig(OfflineDataConfig):
+    """The algorithm section of an SFT experiment (``batch_size`` counts examples)."""
+
+    name: Literal["sft"] = Field("sft", description="Algorithm: selects the trainer and recipe.")
+    objective: str = Field("sft", description="Supervised objective: 'sft' (mean over every target token of the "
+                           "global batch) or 'seq' (mean over examples of each example's token mean).")
+    packing: bool = Field(True, description="Pack several examples per row of max_length tokens (document-bounded attention).")
+
+    @field_validator("objective")
+    @classmethod
+    def _supervised(cls, value: str) -> str:
+        return check_objective(value, "supervised", "sft")
+
+    def check_micro_batch(self, num_workers: int, micro_batch_size: int) -> None:
+        """Packed rows are data-dependent in number, so only unpacked batches must split into whole micro-batches."""
+        self.check_batch(num_workers, micro_batch_size, "examples", strict_micro=not self.packing)

@@ -1,0 +1,52 @@
+"""`OfflineTrainer`: the driver loop of trainers over a fixed dataset (SFT, offline DPO).
+
+The driver sends each learner rank the step index; ranks build their own slice of
+the step's batch from the dataset spec they were built with, and return metrics
+already reduced over ranks. Nothing bigger than an integer and a metric dict
+crosses to the driver.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from toolbox.config.schema import TrainerConfig
+from toolbox.core.events import EventBus
+from toolbox.trainers.base import BaseTrainer
+
+
+class OfflineTrainer(BaseTrainer):
+    """One optimizer step per ``train_step``; ``summary_metrics`` get first/last-10% means in the summary."""
+
+    summary_metrics: ClassVar[tuple[str, ...]] = ("loss",)
+
+    def __init__(self, cfg: TrainerConfig, bus: EventBus, learner: Any, run_dir: Path, experiment: str = "") -> None:
+        super().__init__(cfg, bus, experiment)
+        self.learner, self.run_dir = learner, run_dir
+
+    def prepare(self) -> int:
+        if not self.cfg.resume_from:
+            return 0
+        return self.learner.call("load", [(self.cfg.resume_from,)] * len(self.learner))[0]
+
+    def train_step(self, step: int) -> dict[str, float]:
+        # Every rank returns the same globally reduced metrics; rank 0's stand for all.
+        return self.learner.call("update", [(step,)] * len(self.learner))[0]
+
+    def evaluate(self) -> dict[str, float]:
+        return self.learner.call("evaluate", [()] * len(self.learner))[0]
+
+    def save(self, step: int) -> str:
+        path = self.run_dir / "checkpoints" / f"step_{step}"
+        return self.learner.call("save", [(str(path),)] * len(self.learner))[0]
+
+    def summarize(self, wall_s: float) -> dict[str, Any]:
+        summary = super().summarize(wall_s)
+        for name in self.summary_metrics:
+            values = [m[name] for m in self.history if name in m]
+            if values:
+                k = max(1, len(values) // 10)
+                summary[f"{name}_first_10pct"] = sum(values[:k]) / k
+                summary[f"{name}_last_10pct"] = sum(values[-k:]) / k
+        return summary

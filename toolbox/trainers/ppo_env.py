@@ -1,0 +1,112 @@
+"""The classic-RL driver step: env runners roll out -> learner PPO update -> weight sync, all by object ref.
+
+Stops early once an evaluation (deterministic policy, ``algorithm.eval_episodes``
+episodes on seeds never used before in the run) reaches ``algorithm.target_return``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from toolbox.config.schema import TrainerConfig
+from toolbox.core.events import Event, EventBus
+from toolbox.objectives.ppo import PPOEnvConfig
+from toolbox.trainers import TRAINERS
+from toolbox.trainers.base import BaseTrainer
+from toolbox.trainers.grpo import mean_over_ranks
+
+EVAL_SEED_BASE = 10**9  # evaluation seeds sit far above the training envs' (seed * 10**5 + rank * 10**3 + i)
+
+
+def _mean(values: Any) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else math.nan
+
+
+def split_counts(total: int, parts: int) -> list[int]:
+    """``total`` items over ``parts`` workers as evenly as possible, the first ones taking the remainder."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+@TRAINERS.register("ppo_env")
+class PPOEnvTrainer(BaseTrainer):
+    """PPO on gymnasium envs with env-runner actors and a learner group."""
+
+    def __init__(self, cfg: TrainerConfig, bus: EventBus, algo: PPOEnvConfig, runners: Any, learner: Any,
+                 run_dir: Path, steps_per_step: int, experiment: str = "") -> None:
+        super().__init__(cfg, bus, experiment)
+        self.algo, self.runners, self.learner, self.run_dir = algo, runners, learner, run_dir
+        self.steps_per_step = steps_per_step
+        self.returns: deque[float] = deque(maxlen=algo.return_window)
+        self.lengths: deque[int] = deque(maxlen=algo.return_window)
+        self.env_steps = 0
+        self.evals = 0
+        self.last_eval: float | None = None
+
+    def prepare(self) -> int:
+        start = 0
+        if self.cfg.resume_from:
+            start = self.learner.call("load", [(self.cfg.resume_from,)] * len(self.learner))[0]
+        self.env_steps = start * self.steps_per_step
+        self.sync_weights()
+        return start
+
+    def train_step(self, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        rollouts = self.runners.call("rollout", [(self.algo.steps_per_env,)] * len(self.runners))
+        t1 = time.perf_counter()
+        steps = sum(r["steps"] for r in rollouts)
+        self.env_steps += steps
+        finished = [x for r in rollouts for x in r["returns"]]
+        self.returns.extend(finished)
+        self.lengths.extend(x for r in rollouts for x in r["lengths"])
+        self.bus.emit(Event.ROLLOUT_END, {"step": step + 1, "rows": steps})
+        batch_refs = [r["batch"] for r in rollouts]
+        metrics = mean_over_ranks(self.learner.call("update", [(batch_refs,)] * len(self.learner)))
+        t2 = time.perf_counter()
+        self.sync_weights()
+        t3 = time.perf_counter()
+        metrics.update(env_steps=self.env_steps, episode_return=_mean(self.returns),
+                       episode_len=_mean(self.lengths), episodes=float(len(finished)),
+                       env_steps_per_s=steps / (t3 - t0), rollout_s=t1 - t0, train_s=t2 - t1, sync_s=t3 - t2)
+        return metrics
+
+    def sync_weights(self) -> None:
+        """Learner rank 0 exports bucket refs; every env runner loads them."""
+        bucket_refs = self.learner.call("export_weights")[0]
+        self.runners.call("update_weights", [(bucket_refs,)] * len(self.runners))
+
+    def evaluate(self) -> dict[str, float]:
+        """The deterministic policy on ``eval_episodes`` fresh seeds, split over the runners."""
+        counts = split_counts(self.algo.eval_episodes, len(self.runners))
+        base = EVAL_SEED_BASE + self.cfg.seed * 10**6 + self.evals * self.algo.eval_episodes
+        seeds = [base + sum(counts[:i]) for i in range(len(counts))]
+        returns = [x for part in self.runners.call("evaluate", list(zip(counts, seeds))) for x in part]
+        self.evals += 1
+        self.last_eval = _mean(returns)
+        return {"eval_return": self.last_eval, "eval_return_min": min(returns), "eval_episodes": float(len(returns)),
+                "env_steps": float(self.env_steps)}
+
+    def should_stop(self) -> bool:
+        target = self.algo.target_return
+        if target is None:
+            return False
+        if self.algo.target_metric == "episode_return":  # a full window, as RLlib's smoothed mean
+            return len(self.returns) == self.returns.maxlen and _mean(self.returns) >= target
+        return self.last_eval is not None and self.last_eval >= target
+
+    def summarize(self, wall_s: float) -> dict[str, Any]:
+        summary = super().summarize(wall_s)
+        summary.update(env_steps=self.env_steps, episode_return=_mean(self.returns),
+                       eval_return=self.last_eval if self.last_eval is not None else math.nan,
+                       target_return=self.algo.target_return, reached_target=self.should_stop(),
+                       env_steps_per_s=round(self.env_steps / max(wall_s, 1e-9), 1))
+        return summary
+
+    def save(self, step: int) -> str:
+        path = self.run_dir / "checkpoints" / f"step_{step}"
+        return self.learner.call("save", [(str(path),)] * len(self.learner))[0]
