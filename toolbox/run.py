@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 from rich.console import Console
 from rich.markup import escape
@@ -42,6 +43,7 @@ def run(cfg, console: Console) -> int:  # noqa: ANN001 - ExperimentConfig, impor
     from toolbox import engines, rewards  # noqa: F401  (register built-ins)
     from toolbox.experiment import ExperimentBuilder, ray_init_kwargs
 
+    started = time.perf_counter()
     builder = ExperimentBuilder(cfg)
     console.print(f"run directory: [bold]{builder.run_dir}[/]")
     started_ray = False
@@ -51,7 +53,7 @@ def run(cfg, console: Console) -> int:  # noqa: ANN001 - ExperimentConfig, impor
     try:
         trainer = builder.build_trainer()
         summary = trainer.fit()
-        console.print(f"results: {builder.run_dir}")
+        console.print(f"results: {builder.run_dir}  (total wall time incl. start-up: {time.perf_counter() - started:.0f}s)")
         return 0 if summary else 1
     except WorkerError as err:
         console.print(f"[bold red]worker failure[/]: {escape(str(err))}")

@@ -28,6 +28,13 @@ def test_default_config_validates() -> None:
 def test_typo_field_names_the_path() -> None:
     msg = config_error("algorithm.group_sise=3")
     assert "algorithm.group_sise" in msg and "Extra inputs are not permitted" in msg
+    assert "algorithm.grpo." not in msg  # the tagged union's tag is not part of a path a user can write
+
+
+def test_unknown_algorithm_lists_the_allowed_names() -> None:
+    msg = config_error("algorithm.name=nope")
+    assert "algorithm" in msg and "'nope'" in msg and "'grpo'" in msg
+    assert "algorithm.grpo" not in msg
 
 
 def test_bad_literal_lists_the_allowed_values() -> None:

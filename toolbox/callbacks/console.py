@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -43,7 +44,8 @@ class ConsoleProgress:
     """A progress bar with step, reward, loss, KL, response length and step time; a summary at the end."""
 
     def __init__(self, config: ConsoleConfig, total_steps: int, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True)
+        # Logs (ray job logs, CI) are not terminals; rich would squeeze the bar into 80 columns.
+        self.console = console or Console(stderr=True, width=None if sys.stderr.isatty() else 150)
         self.progress = Progress(
             TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(bar_width=16), TimeElapsedColumn(),
             TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[stats]}"), console=self.console,

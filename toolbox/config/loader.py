@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Discriminator, ValidationError
 
 from toolbox.config.schema import ExperimentConfig
 from toolbox.core.errors import ConfigError
@@ -118,7 +118,8 @@ def load_config(args: list[str] | None = None) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"{path}: " + format_validation_error(err, "")) from None
+        tagged = [k for k, f in ExperimentConfig.model_fields.items() if any(isinstance(m, Discriminator) for m in f.metadata)]
+        raise ConfigError(f"{path}: " + format_validation_error(err, "", tagged)) from None
 
 
 def dump_config(cfg: ExperimentConfig, path: Path) -> None:

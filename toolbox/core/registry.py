@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -114,10 +114,18 @@ class Registry(Generic[T]):
         return entry.factory(**kwargs)
 
 
-def _format_validation(err: ValidationError, path: str) -> str:
+def _format_validation(err: ValidationError, path: str, tagged: Collection[str] = ()) -> str:
+    """One line per error: its field path, what is wrong, and the value given.
+
+    ``tagged`` names top-level fields that hold a tagged union: pydantic puts the tag after
+    them (``algorithm.grpo.lr``), which is not a path a user can write, so it is dropped.
+    """
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in (path, *e["loc"]) if p != "")
+        parts = list(e["loc"])
+        if len(parts) >= 2 and parts[0] in tagged:
+            del parts[1]
+        loc = ".".join(str(p) for p in (path, *parts) if p != "")
         lines.append(f"{loc}: {e['msg']}" + (f" (got {e['input']!r})" if "input" in e and e["type"] != "missing" else ""))
     return "invalid config:\n  " + "\n  ".join(lines)
 

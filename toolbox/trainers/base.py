@@ -65,7 +65,7 @@ class BaseTrainer(ABC):
         if rewards:
             summary["reward_first_10pct"] = sum(rewards[:k]) / k
             summary["reward_last_10pct"] = sum(rewards[-k:]) / k
-        summary["wall_time_s"] = round(wall_s, 1)
+        summary["train_wall_time_s"] = round(wall_s, 1)
         summary["last_checkpoint"] = self.last_checkpoint
         return summary
 
