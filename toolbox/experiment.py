@@ -29,6 +29,11 @@ WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS":
 def make_run_dir(cfg: ExperimentConfig) -> Path:
     name = cfg.trainer.run_name or f"{cfg.experiment}-{dt.datetime.now():%Y%m%d-%H%M%S}"
     run_dir = Path(cfg.trainer.run_root).resolve() / name
+    if not cfg.trainer.run_name:  # two runs started in the same second get their own directories
+        n = 1
+        while run_dir.exists():
+            n += 1
+            run_dir = run_dir.with_name(f"{name}-{n}")
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 

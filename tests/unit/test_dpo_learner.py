@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.unit.golden import check_golden, run_recipe
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.data.offline import RecordSource
@@ -15,7 +16,6 @@ from toolbox.data.tasks import TASKS
 from toolbox.learner.config import LearnerConfig, OptimConfig
 from toolbox.learner.dpo import DPOLearner, sequence_logps
 from toolbox.objectives.dpo import DPOConfig
-from tests.unit.golden import check_golden, run_recipe
 
 
 def make_learner(model_dir: Path, **algo: object) -> DPOLearner:

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.unit.golden import check_golden, run_recipe
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.learner.config import LearnerConfig, OptimConfig
 from toolbox.learner.sft import SFTLearner
 from toolbox.objectives.sft import SFTConfig
-from tests.unit.golden import check_golden, run_recipe
 
 
 def make_learner(model_dir: Path, **algo: object) -> SFTLearner:

@@ -7,6 +7,8 @@ to a directory (see `toolbox.models.tiny`) and then loaded back here.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -14,7 +16,7 @@ class TinyModelConfig(BaseModel):
     """A tiny random-init model built from a transformers config (tests, default experiment)."""
 
     model_config = ConfigDict(extra="forbid")
-    arch: str = Field("qwen2", description="Architecture: 'qwen2' or 'llama'.")
+    arch: Literal["qwen2", "llama"] = Field("qwen2", description="Architecture of the tiny model.")
     hidden_size: int = Field(64, ge=8, description="Width of the residual stream.")
     num_layers: int = Field(2, ge=1, description="Transformer blocks.")
     num_heads: int = Field(4, ge=1, description="Attention heads.")
