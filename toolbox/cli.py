@@ -12,6 +12,7 @@ import sys
 import types
 import typing
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -51,7 +52,7 @@ def config_rows(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str
     return rows
 
 
-def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 

@@ -27,6 +27,12 @@ WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS":
 
 
 def make_run_dir(cfg: ExperimentConfig) -> Path:
+    """``run_root/run_name``; a resumed run without a name continues in the directory it resumes from."""
+    resume = Path(cfg.trainer.resume_from) if cfg.trainer.resume_from else None
+    if resume is not None and not cfg.trainer.run_name:
+        run_dir = resume if (resume / "checkpoints").is_dir() else resume.parent.parent
+        if (run_dir / "config.yaml").exists():
+            return run_dir
     name = cfg.trainer.run_name or f"{cfg.experiment}-{dt.datetime.now():%Y%m%d-%H%M%S}"
     run_dir = Path(cfg.trainer.run_root).resolve() / name
     if not cfg.trainer.run_name:  # two runs started in the same second get their own directories

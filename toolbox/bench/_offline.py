@@ -1,9 +1,11 @@
 """Shared harness of the offline benchmarks (``sft``, ``dpo``): ours against TRL on the same model and batches.
 
 Each framework runs in a fresh spawned process, so its peak RSS (``ru_maxrss``) is
-its own; the harness reports samples/s over the steps after warm-up, peak RSS and
-its growth over the process's RSS after imports, and the ratio to TRL when TRL is
-installed (``pip install toolbox[bench]``).
+its own; the harness reports samples/s and (non-padding) input tokens/s over the
+steps after warm-up, peak RSS and its growth over the process's RSS after imports,
+and the ratios to TRL when TRL is installed (``pip install -e '.[bench]'``).
+Where TRL's batch does not count samples (SFT packing: it packs the dataset into
+rows first), its samples/s is its tokens/s over the mean sample length.
 """
 
 from __future__ import annotations
@@ -16,9 +18,20 @@ import resource
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-Runner = Callable[[argparse.Namespace, str], list[float]]
+
+@dataclass
+class Timing:
+    """What a runner measured: ``perf_counter`` at each step's end, input tokens of each step, samples per step."""
+
+    ends: list[float]
+    tokens: list[float]
+    samples_per_step: float | None
+
+
+Runner = Callable[[argparse.Namespace, str], Timing]
 
 
 def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
@@ -58,6 +71,20 @@ def records(args: argparse.Namespace, kind: str) -> list[list[dict[str, Any]]]:
     return [source.step(s, args.batch_size) for s in range(args.warmup + args.steps)]
 
 
+def mean_sample_tokens(args: argparse.Namespace, model_dir: str, name: str) -> float:
+    """Mean tokens per sample (a pair counts both sequences) of the benchmark's records, as we tokenise them."""
+    from toolbox.data.encode import encode_preference, encode_sft
+    from toolbox.models.loading import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    recs = [r for batch in records(args, "sft" if name == "sft" else "preference") for r in batch]
+    if name == "sft":
+        lengths = [len(encode_sft(r, tok, args.max_length)) for r in recs]
+    else:
+        lengths = [sum(len(e) for e in encode_preference(r, tok, args.max_length)) for r in recs]
+    return sum(lengths) / len(lengths)
+
+
 def _measure(runner: Runner, args: argparse.Namespace, model_dir: str) -> dict[str, float]:
     import torch
 
@@ -66,10 +93,14 @@ def _measure(runner: Runner, args: argparse.Namespace, model_dir: str) -> dict[s
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     base = rss_mb()
-    ends = runner(args, model_dir)
-    timed = ends[-1] - ends[args.warmup - 1] if args.warmup else ends[-1]
+    t = runner(args, model_dir)
+    if len(t.ends) != args.warmup + args.steps:
+        raise RuntimeError(f"{runner.__module__}.{runner.__name__} ran {len(t.ends)} steps, not {args.warmup + args.steps}")
+    timed = t.ends[-1] - t.ends[args.warmup - 1] if args.warmup else t.ends[-1]
+    tokens_per_s = sum(t.tokens[args.warmup :]) / timed
+    samples = args.steps * t.samples_per_step / timed if t.samples_per_step else tokens_per_s / args.mean_sample_tokens
     peak = rss_mb()
-    return {"samples_per_s": args.batch_size * args.steps / timed, "step_ms": 1000 * timed / args.steps,
+    return {"samples_per_s": samples, "tokens_per_s": tokens_per_s, "step_ms": 1000 * timed / args.steps,
             "peak_rss_mb": peak, "rss_growth_mb": peak - base}
 
 
@@ -98,22 +129,23 @@ def compare(name: str, unit: str, ours: Runner, theirs: Runner, args: argparse.N
 
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as root:
         model_dir = tiny_model(args, root)
+        args.mean_sample_tokens = mean_sample_tokens(args, model_dir, name)
         results = {"toolbox": measure(ours, args, model_dir)}
         if not args.no_trl and trl_available():
             results["trl"] = measure(theirs, args, model_dir)
     table = Table(title=f"{name}: batch {args.batch_size}, {args.steps} timed steps, max_length {args.max_length}, "
                         f"{args.threads} thread(s)")
-    for col in ("framework", f"{unit}/s", "ms/step", "peak RSS MiB", "RSS growth MiB"):
+    for col in ("framework", f"{unit}/s", "tokens/s", "ms/step", "peak RSS MiB", "RSS growth MiB"):
         table.add_column(col, justify="right")
     for fw, r in results.items():
-        table.add_row(fw, f"{r['samples_per_s']:.1f}", f"{r['step_ms']:.1f}", f"{r['peak_rss_mb']:.0f}",
-                      f"{r['rss_growth_mb']:.0f}")
+        table.add_row(fw, f"{r['samples_per_s']:.1f}", f"{r['tokens_per_s']:.0f}", f"{r['step_ms']:.1f}",
+                      f"{r['peak_rss_mb']:.0f}", f"{r['rss_growth_mb']:.0f}")
     console = Console()
     console.print(table)
     if "trl" in results:
-        ratio = results["toolbox"]["samples_per_s"] / results["trl"]["samples_per_s"]
-        results["ratio_vs_trl"] = {"samples_per_s": ratio}
-        console.print(f"toolbox / TRL throughput: {ratio:.2f}x")
+        ours, trl = results["toolbox"], results["trl"]
+        results["ratio_vs_trl"] = {k: ours[k] / trl[k] for k in ("samples_per_s", "tokens_per_s", "peak_rss_mb")}
+        console.print("toolbox / TRL: " + ", ".join(f"{k} {v:.2f}x" for k, v in results["ratio_vs_trl"].items()))
     else:
         console.print("TRL not measured (install the 'bench' extra: pip install -e '.[bench]')")
     if args.out:
@@ -123,17 +155,32 @@ def compare(name: str, unit: str, ours: Runner, theirs: Runner, args: argparse.N
 
 
 def step_timer() -> Any:
-    """A transformers `TrainerCallback` recording ``perf_counter`` at every step end (TRL runs)."""
+    """A transformers `TrainerCallback` recording ``perf_counter`` and the input tokens seen at every step end."""
     from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
             self.ends: list[float] = []
+            self.seen: list[float] = []
 
-        def on_step_end(self, *_: Any, **__: Any) -> None:
+        def on_step_end(self, _args: Any, state: Any, *__: Any, **___: Any) -> None:
             self.ends.append(time.perf_counter())
+            self.seen.append(float(state.num_input_tokens_seen))
+
+        def timing(self, samples_per_step: float | None) -> Timing:
+            tokens = [b - a for a, b in zip([0.0, *self.seen], self.seen)]
+            return Timing(self.ends, tokens, samples_per_step)
 
     return StepTimer()
+
+
+def run_learner(learner: Any, args: argparse.Namespace) -> Timing:
+    """Our side: ``learner.update(step)`` for every step, timed, with the input tokens it reports."""
+    ends, tokens = [], []
+    for step in range(args.warmup + args.steps):
+        tokens.append(learner.update(step)["input_tokens"])
+        ends.append(time.perf_counter())
+    return Timing(ends, tokens, args.batch_size)
 
 
 def trl_common(args: argparse.Namespace, out_dir: str) -> dict[str, Any]:
@@ -142,4 +189,4 @@ def trl_common(args: argparse.Namespace, out_dir: str) -> dict[str, Any]:
                 max_steps=args.warmup + args.steps, learning_rate=1e-4, lr_scheduler_type="constant", warmup_steps=0,
                 weight_decay=0.0, max_grad_norm=1.0, logging_strategy="no", save_strategy="no", report_to=[],
                 use_cpu=True, dataloader_num_workers=0, seed=0, disable_tqdm=True, max_length=args.max_length,
-                bf16=False, fp16=False)
+                bf16=False, fp16=False, include_num_input_tokens_seen="non_padding")

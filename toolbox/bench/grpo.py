@@ -40,20 +40,24 @@ def main(argv: list[str]) -> int:
 
     from toolbox.config import load_config
     from toolbox.experiment import ExperimentBuilder, ray_init_kwargs
+    from toolbox.objectives.grpo import GRPOConfig
 
     run_root = tempfile.mkdtemp(prefix="bench-grpo-")
     cfg = load_config([f"trainer.total_steps={args.steps + args.warmup}", "trainer.eval_every=0", "callbacks=[]",
                        f"trainer.run_root={run_root}", *args.overrides])
+    if not isinstance(cfg.algorithm, GRPOConfig):
+        raise SystemExit(f"bench grpo needs a grpo experiment, got algorithm.name={cfg.algorithm.name!r}")
+    rows_per_step = cfg.algorithm.rollouts_per_step
     builder = ExperimentBuilder(cfg)
     ray.init(**ray_init_kwargs(cfg), log_to_driver=False)
     try:
         trainer = builder.build_trainer()
         trainer.fit()
-        result = phase_table(trainer.history[args.warmup :], cfg.algorithm.rollouts_per_step)
+        result = phase_table(trainer.history[args.warmup :], rows_per_step)
     finally:
         builder.shutdown()
         ray.shutdown()
-    table = Table(title=f"GRPO step ({cfg.experiment}: {cfg.algorithm.rollouts_per_step} completions/step, "
+    table = Table(title=f"GRPO step ({cfg.experiment}: {rows_per_step} completions/step, "
                         f"{cfg.rollout.num_workers} rollout, {cfg.learner.num_workers} learner ranks)")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 
-from toolbox.bench._offline import compare, parser, records, step_timer, trl_common
+from toolbox.bench._offline import Timing, compare, parser, records, run_learner, step_timer, trl_common
 
 
-def run_toolbox(args: argparse.Namespace, model_dir: str) -> list[float]:
+def run_toolbox(args: argparse.Namespace, model_dir: str) -> Timing:
     from toolbox.learner.config import LearnerConfig, OptimConfig
     from toolbox.learner.sft import SFTLearner
     from toolbox.objectives.sft import SFTConfig
@@ -26,14 +25,10 @@ def run_toolbox(args: argparse.Namespace, model_dir: str) -> list[float]:
     algo = SFTConfig(batch_size=args.batch_size, max_length=args.max_length, packing=args.packing)
     learner = SFTLearner(model_dir, "float32", cfg, algo, args.warmup + args.steps,
                          task={"name": "digit_add", "max_operand": args.max_operand}, seed=0)
-    ends = []
-    for step in range(args.warmup + args.steps):
-        learner.update(step)
-        ends.append(time.perf_counter())
-    return ends
+    return run_learner(learner, args)
 
 
-def run_trl(args: argparse.Namespace, model_dir: str) -> list[float]:
+def run_trl(args: argparse.Namespace, model_dir: str) -> Timing:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig, SFTTrainer
@@ -49,7 +44,7 @@ def run_trl(args: argparse.Namespace, model_dir: str) -> list[float]:
                              train_dataset=Dataset.from_list(rows), processing_class=load_tokenizer(model_dir),
                              callbacks=[timer])
         trainer.train()
-    return timer.ends
+    return timer.timing(None if getattr(args, "packing", False) else args.batch_size)
 
 
 def main(argv: list[str]) -> int:

@@ -62,11 +62,14 @@ class TensorBoardMetrics:
     def attach(self, bus: EventBus) -> None:
         if self.writer is None:
             return
+        writer = self.writer
         bus.subscribe(Event.STEP_END, lambda e, p: self._scalars("train", p))
         bus.subscribe(Event.EVAL_END, lambda e, p: self._scalars("eval", p))
-        bus.subscribe(Event.FIT_END, lambda e, p: self.writer.close())
+        bus.subscribe(Event.FIT_END, lambda e, p: writer.close())
 
     def _scalars(self, prefix: str, payload: dict[str, Any]) -> None:
+        if self.writer is None:
+            return
         for key, value in payload["metrics"].items():
             if isinstance(value, (int, float)):
                 self.writer.add_scalar(f"{prefix}/{key}", value, payload["step"])

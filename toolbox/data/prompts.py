@@ -23,7 +23,7 @@ class PromptSource:
         return self._requests(problems, 1)
 
     def _requests(self, problems: list, group_size: int) -> list[PromptRequest]:
-        out = []
+        out: list[PromptRequest] = []
         for g, problem in enumerate(problems):
             ids = self.tokenizer(problem.prompt, add_special_tokens=True)["input_ids"]
             out.extend(PromptRequest(ids, g, {"answer": problem.answer}) for _ in range(group_size))

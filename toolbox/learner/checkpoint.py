@@ -36,9 +36,8 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     if not (path / ".metadata").exists():
         raise FileNotFoundError(f"no checkpoint at {path} (missing .metadata); pass a step_* directory")
     model_sd, optim_sd = get_state_dict(unwrap(model), optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(unwrap(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))  # loads in place
+    set_state_dict(unwrap(model), optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
     extra_file = path / f"extra_rank{_rank()}.pt"
     if not extra_file.exists():  # resuming with more ranks than saved: rank 0's step is everyone's
         extra_file = path / "extra_rank0.pt"

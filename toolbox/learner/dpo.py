@@ -64,8 +64,10 @@ class DPOLearner(OfflineLearner):
                 sums[key] += float(per_pair.sum()) / max(share, 1e-9)
             sums["loss"] += float(value.detach())
         keys = sorted(sums)
-        reduced = self.global_sum(sums[k] for k in keys)
-        return {k: v / self.world for k, v in zip(keys, reduced)}
+        reduced = self.global_sum([*(sums[k] for k in keys), float(sum(len(c) + len(r) for c, r in pairs))])
+        metrics = {k: v / self.world for k, v in zip(keys, reduced)}
+        metrics["input_tokens"] = reduced[-1]
+        return metrics
 
     def _pair_terms(self, batch: TokenBatch, m: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per-pair losses of a ``2m``-row batch and the detached per-pair metrics."""

@@ -61,7 +61,7 @@ class SFTLearner(OfflineLearner):
             loss += float(value.detach())
         real = float((batch.doc_ids_BT > 0).sum())
         loss_all, real_all, slots_all = self.global_sum([loss, real, float(batch.doc_ids_BT.numel())])
-        return {"loss": loss_all / self.world, "tokens": tokens_all, "documents": docs_all,
+        return {"loss": loss_all / self.world, "tokens": tokens_all, "documents": docs_all, "input_tokens": real_all,
                 "fill": real_all / max(slots_all, 1.0)}
 
     def _empty_batch(self, packed: bool) -> TokenBatch:

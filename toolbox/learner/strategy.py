@@ -48,4 +48,4 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     if not is_distributed():
         return {k: v.detach() for k, v in model.state_dict().items()}
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(unwrap(model), options=options)
+    return get_model_state_dict(unwrap(model), options=options)  # type: ignore[return-value]

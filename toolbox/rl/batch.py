@@ -50,7 +50,7 @@ class RolloutBatch:
     def select(self, index: slice | torch.Tensor) -> RolloutBatch:
         """Rows ``index`` (a slice or an index tensor) as a new batch."""
         rows = list(range(len(self)))[index] if isinstance(index, slice) else index.tolist()
-        out = {}
+        out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, torch.Tensor):
