@@ -11,8 +11,8 @@ import inspect
 import sys
 import types
 import typing
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel

@@ -44,7 +44,7 @@ class FakeRollout:
 
 class FakeReward:
     def score(self, batch: dict[str, int]) -> dict[str, Any]:
-        return {"result": {"scored": batch["rows"]}, "metrics": {"reward": 0.25}}
+        return {"result": {"scored": batch["rows"]}, "metrics": {"reward": 0.25}, "informative": {0: True}}
 
 
 class FakeLearner:
@@ -54,7 +54,7 @@ class FakeLearner:
         self.rank, self.start, self.fail_at = rank, start, fail_at
         self.updates, self.saved, self.loaded = 0, [], []
 
-    def update(self, batch_refs: list[Any], reward_refs: list[Any]) -> dict[str, float]:
+    def update(self, batch_refs: list[Any], reward_refs: list[Any], keep: list[int] | None = None) -> dict[str, float]:
         assert [b["rows"] for b in batch_refs] == [r["scored"] for r in reward_refs]
         if self.fail_at is not None and self.updates == self.fail_at:
             raise RuntimeError("boom")

@@ -9,6 +9,7 @@ import torch
 
 from toolbox.actors.resolve import node_info, share
 from toolbox.models.loading import load_tokenizer
+from toolbox.objectives.grpo import informative_groups
 from toolbox.rewards import REWARDS
 from toolbox.rewards.runner import RewardRunConfig, decode_samples, score_samples
 from toolbox.rl.batch import RolloutBatch
@@ -29,4 +30,6 @@ class RewardWorker:
     def score(self, batch: RolloutBatch) -> dict[str, Any]:
         start = time.perf_counter()
         result = score_samples(self.reward, decode_samples(batch, self.tokenizer), self.run)
-        return {"result": share(result), "metrics": result.metrics(), "seconds": time.perf_counter() - start}
+        informative = informative_groups(result.values_B, result.ok_B, batch.group_B)
+        return {"result": share(result), "metrics": result.metrics(), "informative": informative,
+                "seconds": time.perf_counter() - start}

@@ -143,8 +143,8 @@ def compare(name: str, unit: str, ours: Runner, theirs: Runner, args: argparse.N
     console = Console()
     console.print(table)
     if "trl" in results:
-        ours, trl = results["toolbox"], results["trl"]
-        results["ratio_vs_trl"] = {k: ours[k] / trl[k] for k in ("samples_per_s", "tokens_per_s", "peak_rss_mb")}
+        mine, trl = results["toolbox"], results["trl"]
+        results["ratio_vs_trl"] = {k: mine[k] / trl[k] for k in ("samples_per_s", "tokens_per_s", "peak_rss_mb")}
         console.print("toolbox / TRL: " + ", ".join(f"{k} {v:.2f}x" for k, v in results["ratio_vs_trl"].items()))
     else:
         console.print("TRL not measured (install the 'bench' extra: pip install -e '.[bench]')")
@@ -163,7 +163,7 @@ def step_timer() -> Any:
             self.ends: list[float] = []
             self.seen: list[float] = []
 
-        def on_step_end(self, _args: Any, state: Any, *__: Any, **___: Any) -> None:
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.ends.append(time.perf_counter())
             self.seen.append(float(state.num_input_tokens_seen))
 

@@ -107,12 +107,23 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def read_experiment(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """An experiment YAML with its ``base:`` experiment (if any) merged underneath it."""
+    if path in seen:
+        raise ConfigError(f"{path}: base experiments form a cycle: {' -> '.join(map(str, (*seen, path)))}")
+    data = _read_yaml(path)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    return merge(read_experiment(experiment_path(str(base)), (*seen, path)), data)
+
+
 def load_config(args: list[str] | None = None) -> ExperimentConfig:
     """Build the config from ``experiment=NAME`` (default ``grpo_tiny``) and dotted overrides."""
     overrides = parse_overrides(args or [])
     name = str(overrides.pop("experiment", "grpo_tiny"))
     path = experiment_path(name)
-    data = _read_yaml(path)
+    data = read_experiment(path)
     data = merge(with_defaults(ExperimentConfig, data, overrides), overrides)
     data["experiment"] = Path(name).stem
     try:

@@ -10,7 +10,7 @@ a document of its own. `check_packing` verifies a model honours this before trai
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -31,8 +31,8 @@ class TokenBatch:
         return int(self.input_ids_BT.shape[0])
 
     def select(self, rows: slice) -> TokenBatch:
-        return TokenBatch(**{f.name: (getattr(self, f.name)[rows] if f.name != "packed" else self.packed)
-                             for f in fields(self)})
+        return TokenBatch(self.input_ids_BT[rows], self.loss_mask_BT[rows], self.position_ids_BT[rows],
+                          self.doc_ids_BT[rows], self.packed)
 
     @property
     def attention_mask_BT(self) -> torch.Tensor | None:

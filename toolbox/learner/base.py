@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from toolbox.learner.checkpoint import load_checkpoint, save_checkpoint
 from toolbox.learner.config import LearnerConfig, OptimConfig
@@ -20,7 +21,7 @@ from toolbox.models.loading import load_causal_lm
 from toolbox.rl.weights import WeightBucket, pack_state_dict
 
 
-def build_optimizer(model: nn.Module, o: OptimConfig, optimizer_steps: int) -> tuple[torch.optim.Optimizer, object]:
+def build_optimizer(model: nn.Module, o: OptimConfig, optimizer_steps: int) -> tuple[torch.optim.Optimizer, LRScheduler]:
     """AdamW and its learning-rate schedule over ``optimizer_steps`` steps."""
     from transformers import get_scheduler
 
@@ -60,7 +61,7 @@ class LearnerBase:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.optim.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        stats = {"grad_norm": float(grad_norm), "lr": self.scheduler.get_last_lr()[0]}
+        stats = {"grad_norm": float(grad_norm), "lr": float(self.scheduler.get_last_lr()[0])}
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

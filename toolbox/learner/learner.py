@@ -13,9 +13,9 @@ from torch import nn
 
 from toolbox.learner.base import LearnerBase, chunks_of, rank_slice
 from toolbox.learner.config import LearnerConfig
-from toolbox.objectives.grpo import GRPOConfig, grpo_advantages, grpo_loss
+from toolbox.objectives.grpo import GRPOConfig, grpo_advantages, grpo_loss, overlong_shaping
 from toolbox.rewards.base import RewardResult
-from toolbox.rl.batch import RolloutBatch
+from toolbox.rl.batch import FINISH_LENGTH, RolloutBatch
 
 
 def sequence_logprobs(model: nn.Module, batch: RolloutBatch, temperature: float) -> torch.Tensor:
@@ -40,15 +40,27 @@ class Learner(LearnerBase):
         self.algo = algo
 
     # ---- the update -------------------------------------------------------------------------
-    def update(self, batches: list[RolloutBatch], results: list[RewardResult]) -> dict[str, float]:
+    def update(self, batches: list[RolloutBatch], results: list[RewardResult],
+               keep_groups: list[int] | None = None) -> dict[str, float]:
         """One GRPO step on this rank's slice of the global batch (the rollout shards, in order); returns metrics.
 
         Every rank reads the whole batch: group normalisation needs whole groups, and
-        the batch of a step is small next to the model.
+        the batch of a step is small next to the model. ``keep_groups`` (dynamic
+        sampling) names the groups to train on; the others were sampled and dropped.
         """
-        batch = RolloutBatch.concat(batches)
-        rewards = RewardResult.concat(results)
+        batch, rewards = RolloutBatch.concat(batches), RewardResult.concat(results)
+        reward_metrics = rewards.metrics()
+        if keep_groups is not None:
+            rows = torch.isin(batch.group_B, torch.tensor(keep_groups)).nonzero().squeeze(1)
+            batch, rewards = batch.select(rows), rewards.select(rows)
+        a = self.algo
+        if a.overlong_buffer:
+            shaping = overlong_shaping(batch.response_lengths_B, batch.response_ids_BR.shape[1], a.overlong_buffer,
+                                       a.overlong_penalty)
+            rewards.values_B = rewards.values_B + shaping * rewards.ok_B
         valid_B = rewards.ok_B
+        if a.overlong_filter:
+            valid_B = valid_B & (batch.finish_B != FINISH_LENGTH)
         adv_B = grpo_advantages(_fill_invalid(rewards, self.algo.group_size), self.algo.group_size, self.algo.advantage)
         adv_B = adv_B * valid_B
         rows = rank_slice(len(batch), self.rank, self.world)
@@ -63,7 +75,7 @@ class Learner(LearnerBase):
                 self._optimizer_step(mine, mini, adv_mine, old_logp, ref_logp, stats)
         self.step += 1
         metrics = {k: sum(v) / len(v) for k, v in stats.items()}
-        metrics.update(rewards.metrics())
+        metrics.update(reward_metrics)
         metrics["response_len"] = float(batch.response_lengths_B.float().mean())
         metrics["adv_abs"] = float(adv_B.abs().mean())
         return metrics

@@ -2,8 +2,8 @@
 
 One config covers GRPO and its variants by choice of advantage estimator, clip range
 and aggregation (Dr. GRPO: ``advantage=group_mean, agg=seq-mean-token-sum-norm``;
-DAPO: ``clip_high > clip_low``; RLOO: ``advantage=rloo``; REINFORCE++:
-``advantage=reinforce_pp``).
+DAPO: ``clip_high > clip_low``, ``dynamic_sampling``, ``overlong_buffer`` /
+``overlong_filter``; RLOO: ``advantage=rloo``; REINFORCE++: ``advantage=reinforce_pp``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,11 @@ class GRPOConfig(BaseModel):
     ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per epoch (the batch is split into this many).")
     temperature: float = Field(1.0, gt=0, description="Temperature the learner applies to logits (match sampling).")
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal, top the batch up.")
+    max_sampling_rounds: int = Field(3, ge=1, description="Rollout rounds per step at most when topping the batch up.")
+    overlong_filter: bool = Field(False, description="DAPO: leave responses cut at max_new_tokens out of the loss.")
+    overlong_buffer: int = Field(0, ge=0, description="DAPO soft overlong punishment: the last N tokens before the limit.")
+    overlong_penalty: float = Field(1.0, ge=0, description="Reward subtracted (linearly over the buffer) at the length limit.")
 
     @property
     def rollouts_per_step(self) -> int:
@@ -48,6 +53,34 @@ def grpo_advantages(rewards_B: torch.Tensor, group_size: int, estimator: str) ->
         raise ValueError(f"{rewards_B.numel()} rewards do not split into groups of {group_size}")
     fn = ADVANTAGES.get(estimator).factory
     return fn(rewards_B.view(-1, group_size)).reshape(-1)
+
+
+def overlong_shaping(lengths_B: torch.Tensor, max_len: int, buffer: int, penalty: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment, to be added to rewards: 0 up to ``max_len - buffer``, then
+    falling linearly to ``-penalty`` at ``max_len``."""
+    if buffer <= 0:
+        return torch.zeros(lengths_B.shape, dtype=torch.float32)
+    over = (lengths_B.float() - (max_len - buffer)).clamp(min=0.0)
+    return -penalty * (over / buffer).clamp(max=1.0)
+
+
+def informative_groups(values_B: torch.Tensor, ok_B: torch.Tensor, group_B: torch.Tensor) -> dict[int, bool]:
+    """Per group id: whether its scored rewards differ (a group of equal rewards has zero advantage)."""
+    out: dict[int, bool] = {}
+    for g in group_B.unique().tolist():
+        rows = (group_B == g) & ok_B
+        vals = values_B[rows]
+        out[int(g)] = bool(vals.numel() > 1 and (vals.max() - vals.min()) > 1e-9)
+    return out
+
+
+def choose_groups(rounds: list[dict[int, bool]], need: int) -> list[int]:
+    """DAPO dynamic sampling: the first ``need`` informative groups over the rounds, in order; if too few,
+    filled up with uninformative ones (zero advantage: they keep the batch shape, move nothing)."""
+    flags = [(g, ok) for r in rounds for g, ok in sorted(r.items())]
+    chosen = [g for g, ok in flags if ok][:need]
+    chosen += [g for g, ok in flags if not ok][: need - len(chosen)]
+    return sorted(chosen)
 
 
 @dataclass

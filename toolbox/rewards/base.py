@@ -59,6 +59,10 @@ class RewardResult:
             "reward_error": float((self.status_B == RewardStatus.ERROR).sum()),
         }
 
+    def select(self, rows: torch.Tensor) -> RewardResult:
+        """The results of ``rows`` (an index tensor), in that order."""
+        return RewardResult(self.values_B[rows], self.status_B[rows], [self.reasons[i] for i in rows.tolist()])
+
     @staticmethod
     def concat(results: list[RewardResult]) -> RewardResult:
         return RewardResult(

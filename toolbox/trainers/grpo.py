@@ -8,9 +8,9 @@ from typing import Any
 
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import Event, EventBus
-from toolbox.data.prompts import PromptSource, split_even
+from toolbox.data.prompts import PromptSource, split_even, split_groups
 from toolbox.engines.base import SamplingConfig
-from toolbox.objectives.grpo import GRPOConfig
+from toolbox.objectives.grpo import GRPOConfig, choose_groups
 from toolbox.trainers import TRAINERS
 from toolbox.trainers.base import BaseTrainer
 
@@ -39,20 +39,41 @@ class GRPOTrainer(BaseTrainer):
         return start
 
     def train_step(self, step: int) -> dict[str, float]:
-        requests = self.prompts.step(step, self.algo.prompts_per_step, self.algo.group_size)
+        a = self.algo
+        batch_refs: list[Any] = []
+        reward_refs: list[Any] = []
+        rounds: list[dict[int, bool]] = []
+        timing = {"generate_s": 0.0, "reward_s": 0.0, "rows": 0.0}
+        for r in range(a.max_sampling_rounds if a.dynamic_sampling else 1):
+            gen, scored = self._rollout_round(step, r, timing)
+            batch_refs += [g["batch"] for g in gen]
+            reward_refs += [s["result"] for s in scored]
+            rounds.append({g: ok for s in scored for g, ok in s["informative"].items()})
+            if sum(ok for rd in rounds for ok in rd.values()) >= a.prompts_per_step:
+                break
+        keep = choose_groups(rounds, a.prompts_per_step) if a.dynamic_sampling else None
+        self.bus.emit(Event.ROLLOUT_END, {"step": step + 1, "rounds": len(rounds), "rows": int(timing.pop("rows"))})
         t0 = time.perf_counter()
-        gen = self.rollout.call("generate", [(shard, self.sampling) for shard in split_even(requests, len(self.rollout))])
+        metrics = mean_over_ranks(self.learner.call("update", [(batch_refs, reward_refs, keep)] * len(self.learner)))
+        t1 = time.perf_counter()
+        self.sync_weights()
+        metrics.update(timing, train_s=t1 - t0, sync_s=time.perf_counter() - t1)
+        if a.dynamic_sampling:
+            metrics["sampling_rounds"] = float(len(rounds))
+            metrics["informative_groups"] = float(sum(ok for rd in rounds for ok in rd.values()))
+        return metrics
+
+    def _rollout_round(self, step: int, r: int, timing: dict[str, float]) -> tuple[list[dict], list[dict]]:
+        """Generate and score one round of prompts; whole groups go to each worker."""
+        requests = self.prompts.step(step, self.algo.prompts_per_step, self.algo.group_size, round=r)
+        t0 = time.perf_counter()
+        gen = self.rollout.call("generate", [(shard, self.sampling) for shard in split_groups(requests, len(self.rollout))])
         t1 = time.perf_counter()
         scored = self.reward.call("score", [(g["batch"],) for g in gen])
-        t2 = time.perf_counter()
-        self.bus.emit(Event.ROLLOUT_END, {"step": step + 1, "rows": sum(g["rows"] for g in gen)})
-        batch_refs, reward_refs = [g["batch"] for g in gen], [s["result"] for s in scored]
-        metrics = mean_over_ranks(self.learner.call("update", [(batch_refs, reward_refs)] * len(self.learner)))
-        t3 = time.perf_counter()
-        self.sync_weights()
-        t4 = time.perf_counter()
-        metrics.update(generate_s=t1 - t0, reward_s=t2 - t1, train_s=t3 - t2, sync_s=t4 - t3)
-        return metrics
+        timing["generate_s"] += t1 - t0
+        timing["reward_s"] += time.perf_counter() - t1
+        timing["rows"] += sum(g["rows"] for g in gen)
+        return gen, scored
 
     def sync_weights(self) -> None:
         """Learner rank 0 exports bucket refs; every rollout worker loads them."""
