@@ -10,6 +10,7 @@ import torch
 from tests.unit.golden import check_golden, run_recipe
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
+from toolbox.experiment import ExperimentBuilder
 from toolbox.learner.config import LearnerConfig, OptimConfig
 from toolbox.learner.sft import SFTLearner
 from toolbox.objectives.sft import SFTConfig
@@ -57,6 +58,17 @@ def test_sft_loss_curve_matches_golden(tmp_path: Path) -> None:
     losses = [m["loss"] for m in history]
     assert losses[-1] < losses[0]
     check_golden("sft_tiny", history, ["loss", "grad_norm"])
+
+
+def test_resume_reproduces_the_uninterrupted_curve(tmp_path: Path) -> None:
+    base = ["experiment=sft_tiny", "ray.local_mode=true", "learner.strategy=single", "learner.num_workers=1",
+            "callbacks=[]", "trainer.eval_every=0", f"trainer.run_root={tmp_path}", "trainer.total_steps=4"]
+    first = ExperimentBuilder(load_config([*base, "trainer.save_every=2"])).build_trainer()
+    first.fit()
+    step_2 = first.run_dir / "checkpoints" / "step_2"
+    resumed = ExperimentBuilder(load_config([*base, f"trainer.resume_from={step_2}"])).build_trainer()
+    resumed.fit()
+    assert [m["loss"] for m in resumed.history] == pytest.approx([m["loss"] for m in first.history[2:]], rel=1e-6)
 
 
 def test_evaluate_reports_held_out_loss_without_training(tiny_model_dir: Path) -> None:

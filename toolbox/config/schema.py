@@ -19,6 +19,7 @@ from toolbox.models.loading import ModelConfig
 from toolbox.objectives.dpo import DPOConfig
 from toolbox.objectives.grpo import GRPOConfig
 from toolbox.objectives.ppo import PPOEnvConfig
+from toolbox.objectives.ppo_lm import PPOConfig
 from toolbox.objectives.sft import SFTConfig
 from toolbox.rewards.base import REWARDS
 from toolbox.rewards.runner import RewardRunConfig
@@ -36,7 +37,7 @@ def _algorithm_name(value: Any) -> str:
 # Every algorithm's config, told apart by its ``name`` field. A new algorithm adds its
 # config class here (tagged with its name) and registers a recipe under the same name (toolbox.recipes).
 AlgorithmConfig = Annotated[
-    Annotated[GRPOConfig, Tag("grpo")] | Annotated[PPOEnvConfig, Tag("ppo_env")]
+    Annotated[GRPOConfig, Tag("grpo")] | Annotated[PPOConfig, Tag("ppo")] | Annotated[PPOEnvConfig, Tag("ppo_env")]
     | Annotated[SFTConfig, Tag("sft")] | Annotated[DPOConfig, Tag("dpo")],
     Discriminator(_algorithm_name),
 ]
@@ -120,9 +121,9 @@ class ExperimentConfig(BaseModel):
         for registry, path, spec in specs:
             spec.update(registry.validate(spec, path))
         if isinstance(self.algorithm, GRPOConfig):
-            self._check_grpo()
+            self._check_grpo(self.algorithm)
         if isinstance(self.algorithm, PPOEnvConfig):
-            self._check_ppo_env()
+            self._check_ppo_env(self.algorithm)
         if isinstance(self.algorithm, (SFTConfig, DPOConfig)):
             self.algorithm.check_micro_batch(self.learner.num_workers, self.learner.micro_batch_size)
         if self.learner.strategy == "single" and self.learner.num_workers != 1:
@@ -132,10 +133,10 @@ class ExperimentConfig(BaseModel):
             raise ConfigError("ray.local_mode runs in-process and supports learner.num_workers=1 only")
         return self
 
-    def _check_grpo(self) -> None:
+    def _check_grpo(self, a: GRPOConfig) -> None:
         from toolbox.rl.advantages import ADVANTAGES
 
-        a, lr = self.algorithm, self.learner
+        lr = self.learner
         if a.advantage not in ADVANTAGES:
             raise ConfigError(f"algorithm.advantage: {a.advantage!r} is not one of {ADVANTAGES.names()}")
         rows = a.rollouts_per_step
@@ -153,10 +154,10 @@ class ExperimentConfig(BaseModel):
                 f"{per_rank} must be a multiple of {a.mini_batches * lr.micro_batch_size}"
             )
 
-    def _check_ppo_env(self) -> None:
+    def _check_ppo_env(self, a: PPOEnvConfig) -> None:
         from toolbox.rl.envs import check_env
 
-        a, lr = self.algorithm, self.learner
+        lr = self.learner
         if lr.strategy not in {"single", "ddp"}:
             raise ConfigError(f"learner.strategy: ppo_env trains a small MLP; use 'single' or 'ddp', not {lr.strategy!r}")
         if a.target_return is not None and a.target_metric == "eval_return" and not self.trainer.eval_every:

@@ -56,15 +56,21 @@ class LearnerBase:
         """The largest ``value`` any rank holds."""
         return _all_reduce([value], dist.ReduceOp.MAX)[0]
 
-    def optimizer_step(self) -> dict[str, float]:
-        """Clip the gradient norm, step optimizer and schedule, zero the gradients; returns grad_norm and lr."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.optim.max_grad_norm)
+    def optimizer_step(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                       scheduler: LRScheduler | None = None) -> dict[str, float]:
+        """Clip the gradient norm, step optimizer and schedule, zero the gradients; returns grad_norm and lr.
+
+        Defaults to the policy; a learner with a second trained model (a critic) passes its own.
+        """
+        model, optimizer = model or self.policy, optimizer or self.optimizer
+        scheduler = scheduler or self.scheduler
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.optim.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        stats = {"grad_norm": float(grad_norm), "lr": float(self.scheduler.get_last_lr()[0])}
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        stats = {"grad_norm": float(grad_norm), "lr": float(scheduler.get_last_lr()[0])}
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
         return stats
 
     # ---- weights and checkpoints ------------------------------------------------------------
@@ -101,6 +107,12 @@ def rank_slice(n: int, rank: int, world: int) -> slice:
         raise ValueError(f"a batch of {n} rows does not split evenly over {world} learner ranks")
     size = n // world
     return slice(rank * size, (rank + 1) * size)
+
+
+def split_into(n: int, parts: int) -> list[slice]:
+    """``range(n)`` cut into ``parts`` consecutive slices (the last may be shorter)."""
+    size = -(-n // parts)
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 def chunks_of(rows: slice, size: int) -> list[slice]:

@@ -5,13 +5,12 @@ Plain torch; the `LearnerWorker` actor owns process-group setup and calls this.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 import torch
 from torch import nn
 
-from toolbox.learner.base import LearnerBase, chunks_of, rank_slice
+from toolbox.learner.base import LearnerBase, chunks_of, rank_slice, split_into
 from toolbox.learner.config import LearnerConfig
 from toolbox.objectives.grpo import GRPOConfig, grpo_advantages, grpo_loss, overlong_shaping
 from toolbox.rewards.base import RewardResult
@@ -71,7 +70,7 @@ class Learner(LearnerBase):
         ref_logp = None if self.ref is None else self._no_grad_logprobs(self.ref, mine)
         stats: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.algo.ppo_epochs):
-            for mini in _chunks(len(mine), self.algo.mini_batches):
+            for mini in split_into(len(mine), self.algo.mini_batches):
                 self._optimizer_step(mine, mini, adv_mine, old_logp, ref_logp, stats)
         self.step += 1
         metrics = {k: sum(v) / len(v) for k, v in stats.items()}
@@ -121,7 +120,3 @@ def _fill_invalid(rewards: RewardResult, group_size: int) -> torch.Tensor:
     mean = (values * ok).sum(1, keepdim=True) / ok.sum(1, keepdim=True).clamp(min=1.0)
     return torch.where(ok.bool(), values, mean).reshape(-1)
 
-
-def _chunks(n: int, parts: int) -> list[slice]:
-    size = math.ceil(n / parts)
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]

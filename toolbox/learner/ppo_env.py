@@ -136,7 +136,7 @@ class PPOEnvLearner:
         self.optimizer.zero_grad(set_to_none=True)
         terms.loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.max_grad_norm)
-        stats["lr"].append(self.scheduler.get_last_lr()[0])
+        stats["lr"].append(float(self.scheduler.get_last_lr()[0]))
         self.optimizer.step()
         self.scheduler.step()
         for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac"):

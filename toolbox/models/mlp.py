@@ -88,10 +88,11 @@ class ActorCritic(nn.Module):
         depend on its own seed only.
         """
         dist = self.distribution(obs_BO)
-        if deterministic:
-            actions = dist.logits.argmax(-1) if self.discrete else dist.mean
-        elif self.discrete:
-            actions = torch.multinomial(dist.probs, 1, generator=generator).squeeze(-1)
+        if isinstance(dist, Categorical):
+            probs = dist.probs
+            actions = probs.argmax(-1) if deterministic else torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        elif deterministic:
+            actions = dist.mean
         else:
             actions = dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=generator)
         return actions, self._reduce(dist.log_prob(actions)), self.value(obs_BO)

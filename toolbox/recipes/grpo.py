@@ -12,6 +12,7 @@ from toolbox.data.prompts import PromptSource
 from toolbox.data.tasks import TASKS
 from toolbox.engines import ENGINES
 from toolbox.learner.learner import Learner
+from toolbox.learner.ppo_lm import PPOLearner
 from toolbox.models.loading import load_tokenizer
 from toolbox.recipes import RECIPES
 from toolbox.trainers.grpo import GRPOTrainer
@@ -24,6 +25,17 @@ def build_engine(spec: dict[str, Any], model_path: str, dtype: str, seed: int, r
 @RECIPES.register("grpo")
 def grpo_recipe(builder: Any, bus: EventBus) -> GRPOTrainer:
     """Wire rollout -> reward -> learner for GRPO and its variants."""
+    return policy_recipe(builder, bus, Learner)
+
+
+@RECIPES.register("ppo")
+def ppo_recipe(builder: Any, bus: EventBus) -> GRPOTrainer:
+    """PPO with a critic: the GRPO loop with a learner that also trains a value model."""
+    return policy_recipe(builder, bus, PPOLearner)
+
+
+def policy_recipe(builder: Any, bus: EventBus, learner_cls: type) -> GRPOTrainer:
+    """Rollout workers, reward workers and a learner group of ``learner_cls`` around the GRPO loop."""
     c, path = builder.cfg, builder.model_path
     rollout = builder.group(
         "rollout", RolloutWorker, c.rollout.num_workers,
@@ -35,7 +47,7 @@ def grpo_recipe(builder: Any, bus: EventBus) -> GRPOTrainer:
         lambda r: dict(rank=r, spec=c.reward.spec, run=c.reward.run, model_path=path),
         c.reward.timeout_s, c.reward.cpus_per_worker, 0.0,
     )
-    learner = builder.learner_group(partial(Learner, path, c.model.dtype, c.learner, c.algorithm, c.trainer.total_steps))
+    learner = builder.learner_group(partial(learner_cls, path, c.model.dtype, c.learner, c.algorithm, c.trainer.total_steps))
     prompts = PromptSource(TASKS.build(c.task), load_tokenizer(path), c.trainer.seed)
     return GRPOTrainer(builder.trainer_config(), bus, c.algorithm, c.rollout.sampling, prompts, rollout, reward, learner,
                        builder.run_dir, c.experiment)

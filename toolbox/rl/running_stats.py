@@ -24,6 +24,10 @@ class RunningMeanStd(nn.Module):
     first update is the identity.
     """
 
+    mean: torch.Tensor
+    var: torch.Tensor
+    count: torch.Tensor
+
     def __init__(self, shape: tuple[int, ...] = (), epsilon: float = 1e-4) -> None:
         super().__init__()
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))

@@ -1,0 +1,76 @@
+"""`EnvRunner`: SAME_STEP autoreset, V(final obs) on truncation (not on termination), episode stats, evaluation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.unit.fake_envs import COUNTER_TERMINATE, COUNTER_TRUNCATE, register_fake_envs
+from toolbox.models.mlp import PolicyConfig
+from toolbox.rl.env_runner import EnvRunner
+from toolbox.rl.envs import EnvConfig, check_env
+
+
+@pytest.fixture(autouse=True)
+def fake_envs() -> None:
+    register_fake_envs()
+
+
+def make_runner(env_id: str, num_envs: int = 2, normalize: bool = False) -> EnvRunner:
+    env = EnvConfig(id=env_id, num_envs=num_envs)
+    return EnvRunner(env, PolicyConfig(hidden_sizes=[8], normalize_obs=normalize), check_env(env), gamma=0.5, seed=0)
+
+
+def test_truncation_records_the_value_of_the_final_observation() -> None:
+    runner = make_runner(COUNTER_TRUNCATE)
+    batch, episodes = runner.rollout(7)  # episodes of 3 steps: ends at t = 2 and t = 5
+    v_final = runner.model.value(torch.tensor([[3.0]]))  # the final obs of every episode is [3]
+    ended = torch.tensor([False, False, True, False, False, True, False])
+    for t in range(7):
+        assert torch.equal(batch.truncated_TN[t], ended[t].repeat(2))
+        expected = v_final.repeat(2) if ended[t] else torch.zeros(2)
+        assert torch.allclose(batch.final_values_TN[t], expected)
+    assert not batch.terminated_TN.any()
+    # SAME_STEP: the step after an ending starts the next episode from its first observation.
+    assert batch.obs_TNO[:, 0, 0].tolist() == [0, 1, 2, 0, 1, 2, 0]
+    assert episodes.returns == [3.0] * 4 and episodes.lengths == [3] * 4
+    assert torch.allclose(batch.last_value_N, runner.model.value(torch.tensor([[1.0], [1.0]])))
+
+
+def test_termination_has_nothing_to_bootstrap() -> None:
+    runner = make_runner(COUNTER_TERMINATE)
+    batch, _ = runner.rollout(6)
+    assert batch.terminated_TN[:, 0].tolist() == [False, False, True, False, False, True]
+    assert not batch.truncated_TN.any()
+    assert torch.equal(batch.final_values_TN, torch.zeros(6, 2))
+
+
+def test_behaviour_logp_and_values_match_the_policy() -> None:
+    runner = make_runner(COUNTER_TRUNCATE)
+    batch, _ = runner.rollout(5)
+    obs, actions = batch.obs_TNO.reshape(10, 1), batch.actions_TN.reshape(10)
+    logp, _, values = runner.model(obs, actions)
+    assert torch.allclose(logp, batch.logp_TN.reshape(10)) and torch.allclose(values, batch.values_TN.reshape(10))
+
+
+def test_discounted_returns_and_raw_observation_moments() -> None:
+    runner = make_runner(COUNTER_TRUNCATE, num_envs=1, normalize=True)
+    batch, _ = runner.rollout(4)
+    # gamma 0.5, reward 1, reset after 3 steps: 1, 1.5, 1.75, then a new episode: 1.
+    assert batch.discounted_returns_TN[:, 0].tolist() == [1.0, 1.5, 1.75, 1.0]
+    raw = torch.tensor([0.0, 1.0, 2.0, 0.0], dtype=torch.float64)
+    assert torch.allclose(batch.obs_mean_O, raw.mean().reshape(1)) and batch.obs_count == 4
+    assert torch.allclose(batch.obs_var_O, raw.var(unbiased=False).reshape(1))
+
+
+def test_same_seed_same_rollout() -> None:
+    a, b = make_runner("CartPole-v1"), make_runner("CartPole-v1")
+    ba, _ = a.rollout(20)
+    bb, _ = b.rollout(20)
+    assert torch.equal(ba.actions_TN, bb.actions_TN) and torch.equal(ba.obs_TNO, bb.obs_TNO)
+
+
+def test_evaluate_counts_one_episode_per_env_copy() -> None:
+    runner = make_runner(COUNTER_TRUNCATE)
+    assert runner.evaluate(5, seed=123) == [3.0] * 5
+    assert runner.evaluate(0, seed=1) == []

@@ -1,0 +1,47 @@
+"""A critic for language-model PPO: the policy's architecture without its LM head, plus a scalar head."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from toolbox.rl.batch import RolloutBatch
+
+
+class ValueModel(nn.Module):
+    """``V(prefix)`` for every position: a transformers backbone (``AutoModel``) and a zero-initialised linear head.
+
+    ``base_model_prefix = "model"`` lets the FSDP2 strategy find and shard the decoder layers.
+    """
+
+    base_model_prefix = "model"
+
+    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.model = backbone
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            use_cache=False).last_hidden_state
+        return self.head(hidden.float()).squeeze(-1)
+
+
+def load_value_model(path: str, dtype: str = "float32") -> ValueModel:
+    """The critic, initialised from the policy's checkpoint (``AutoModel.from_pretrained``) with a fresh head."""
+    from transformers import AutoModel
+
+    backbone = AutoModel.from_pretrained(path, dtype=getattr(torch, dtype))
+    return ValueModel(backbone, backbone.config.hidden_size)
+
+
+def response_values(critic: nn.Module, batch: RolloutBatch) -> torch.Tensor:
+    """``V`` of the state before each response token, ``[B, R]`` (0 at padding)."""
+    ids = torch.cat([batch.prompt_ids_BP, batch.response_ids_BR], dim=1)
+    attn = torch.cat([batch.prompt_mask_BP, batch.response_mask_BR], dim=1)
+    position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
+    values = critic(input_ids=ids, attention_mask=attn, position_ids=position_ids)
+    p = batch.prompt_ids_BP.shape[1]
+    return values[:, p - 1 : -1] * batch.response_mask_BR
