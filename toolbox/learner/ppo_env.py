@@ -9,9 +9,11 @@ DDP averages the gradients.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -166,13 +168,24 @@ class PPOEnvLearner:
         """DCP checkpoint: weights, normalisation statistics (buffers), Adam state; step, schedule, RNG beside it."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        return save_checkpoint(path, self.policy, self.optimizer, {"step": self.step, "scheduler": self.scheduler.state_dict()})
+        with _single_process_dcp():
+            return save_checkpoint(path, self.policy, self.optimizer,
+                                   {"step": self.step, "scheduler": self.scheduler.state_dict()})
 
     def load(self, path: str | Path) -> int:
-        extra = load_checkpoint(Path(path), self.policy, self.optimizer)
+        with _single_process_dcp():
+            extra = load_checkpoint(Path(path), self.policy, self.optimizer)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.step = int(extra["step"])
         return self.step
+
+
+@contextlib.contextmanager
+def _single_process_dcp() -> Iterator[None]:
+    """DCP warns on every save/load without a process group; one rank ('single') is this learner's default."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def explained_variance(pred_B: torch.Tensor, target_B: torch.Tensor) -> float:
