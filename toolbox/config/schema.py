@@ -18,6 +18,7 @@ from toolbox.learner.config import LearnerConfig
 from toolbox.models.loading import ModelConfig
 from toolbox.objectives.dpo import DPOConfig
 from toolbox.objectives.grpo import GRPOConfig
+from toolbox.objectives.online_dpo import OnlineDPOConfig
 from toolbox.objectives.ppo import PPOEnvConfig
 from toolbox.objectives.ppo_lm import PPOConfig
 from toolbox.objectives.sft import SFTConfig
@@ -37,7 +38,7 @@ def _algorithm_name(value: Any) -> str:
 # Every algorithm's config, told apart by its ``name`` field. A new algorithm adds its
 # config class here (tagged with its name) and registers a recipe under the same name (toolbox.recipes).
 AlgorithmConfig = Annotated[
-    Annotated[GRPOConfig, Tag("grpo")] | Annotated[PPOConfig, Tag("ppo")] | Annotated[PPOEnvConfig, Tag("ppo_env")]
+    Annotated[GRPOConfig, Tag("grpo")] | Annotated[PPOConfig, Tag("ppo")] | Annotated[OnlineDPOConfig, Tag("online_dpo")] | Annotated[PPOEnvConfig, Tag("ppo_env")]
     | Annotated[SFTConfig, Tag("sft")] | Annotated[DPOConfig, Tag("dpo")],
     Discriminator(_algorithm_name),
 ]
@@ -146,6 +147,9 @@ class ExperimentConfig(BaseModel):
                 f"batch arithmetic: algorithm.prompts_per_step x algorithm.group_size = {a.prompts_per_step} x "
                 f"{a.group_size} = {rows} rollouts do not split over learner.num_workers={lr.num_workers} ranks"
             )
+        if isinstance(a, OnlineDPOConfig) and a.prompts_per_step % lr.num_workers:
+            raise ConfigError(f"batch arithmetic: online_dpo pairs within whole groups, so algorithm.prompts_per_step="
+                              f"{a.prompts_per_step} must split over learner.num_workers={lr.num_workers} ranks")
         per_mini, rem = divmod(per_rank, a.mini_batches)
         if rem or per_mini % lr.micro_batch_size:
             raise ConfigError(

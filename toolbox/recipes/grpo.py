@@ -12,6 +12,7 @@ from toolbox.data.prompts import PromptSource
 from toolbox.data.tasks import TASKS
 from toolbox.engines import ENGINES
 from toolbox.learner.learner import Learner
+from toolbox.learner.online_dpo import OnlineDPOLearner
 from toolbox.learner.ppo_lm import PPOLearner
 from toolbox.models.loading import load_tokenizer
 from toolbox.recipes import RECIPES
@@ -32,6 +33,12 @@ def grpo_recipe(builder: Any, bus: EventBus) -> GRPOTrainer:
 def ppo_recipe(builder: Any, bus: EventBus) -> GRPOTrainer:
     """PPO with a critic: the GRPO loop with a learner that also trains a value model."""
     return policy_recipe(builder, bus, PPOLearner)
+
+
+@RECIPES.register("online_dpo")
+def online_dpo_recipe(builder: Any, bus: EventBus) -> GRPOTrainer:
+    """Online DPO: the GRPO loop with a learner that pairs each group's best and worst sample."""
+    return policy_recipe(builder, bus, OnlineDPOLearner)
 
 
 def policy_recipe(builder: Any, bus: EventBus, learner_cls: type) -> GRPOTrainer:
