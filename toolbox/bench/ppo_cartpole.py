@@ -39,8 +39,11 @@ def run_toolbox(seed: int, target: float, max_steps: int, overrides: list[str]) 
     """Our ``ppo_cartpole`` experiment on the running Ray instance, stopped at a training-return mean of ``target``."""
     from toolbox.config import load_config
     from toolbox.experiment import ExperimentBuilder
+    from toolbox.objectives.ppo import PPOEnvConfig
 
     base = load_config(["experiment=ppo_cartpole", *overrides])
+    if not isinstance(base.algorithm, PPOEnvConfig):
+        raise SystemExit(f"algorithm.name must stay ppo_env, got {base.algorithm.name!r}")
     per_step = base.rollout.num_workers * base.env.num_envs * base.algorithm.steps_per_env
     cfg = load_config(["experiment=ppo_cartpole", f"trainer.run_root={tempfile.mkdtemp(prefix='bench-ppo-')}",
                        "callbacks=[]", "trainer.eval_every=0", f"trainer.seed={seed}",
