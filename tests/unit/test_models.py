@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from toolbox.config import load_config
+from toolbox.core.errors import ConfigError
 from toolbox.models.loading import TinyModelConfig, load_causal_lm, load_tokenizer
 from toolbox.models.tiny import build_char_tokenizer, ensure_tiny_model
 
@@ -38,6 +40,6 @@ def test_tiny_model_is_deterministic_and_reused(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".tiny-*"))  # the temp directory was renamed into place
 
 
-def test_unknown_arch_names_the_field(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"model\.tiny\.arch: 'gpt9'.*'qwen2', 'llama'"):
-        ensure_tiny_model(tmp_path / "m", TinyModelConfig(arch="gpt9"), "01")
+def test_unknown_arch_fails_in_config_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"model\.tiny\.arch: Input should be 'qwen2' or 'llama'"):
+        load_config(["model.tiny.arch=gpt9"])

@@ -50,8 +50,8 @@ class Learner(LearnerBase):
         batch, rewards = RolloutBatch.concat(batches), RewardResult.concat(results)
         reward_metrics = rewards.metrics()
         if keep_groups is not None:
-            rows = torch.isin(batch.group_B, torch.tensor(keep_groups)).nonzero().squeeze(1)
-            batch, rewards = batch.select(rows), rewards.select(rows)
+            kept = torch.isin(batch.group_B, torch.tensor(keep_groups)).nonzero().squeeze(1)
+            batch, rewards = batch.select(kept), rewards.select(kept)
         a = self.algo
         if a.overlong_buffer:
             shaping = overlong_shaping(batch.response_lengths_B, batch.response_ids_BR.shape[1], a.overlong_buffer,
