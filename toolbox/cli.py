@@ -66,12 +66,13 @@ def registries() -> dict[str, Any]:
     from toolbox.callbacks import CALLBACKS
     from toolbox.data.tasks import TASKS
     from toolbox.engines import ENGINES
+    from toolbox.objectives.registry import OBJECTIVES
     from toolbox.recipes import RECIPES
     from toolbox.rewards import REWARDS
     from toolbox.rl.advantages import ADVANTAGES
 
     return {"algorithm (recipe)": RECIPES, "engine": ENGINES, "reward": REWARDS, "task": TASKS,
-            "advantage": ADVANTAGES, "callback": CALLBACKS}
+            "objective": OBJECTIVES, "advantage": ADVANTAGES, "callback": CALLBACKS}
 
 
 def components_markdown() -> str:

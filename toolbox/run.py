@@ -10,6 +10,7 @@ import time
 from rich.console import Console
 from rich.markup import escape
 
+from toolbox.callbacks.console import stderr_console
 from toolbox.core.errors import ConfigError, WorkerError
 
 log = logging.getLogger("toolbox")
@@ -21,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for key, value in WORKER_ENV.items():
         os.environ.setdefault(key, value)
-    console = Console(stderr=True)
+    console = stderr_console()
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in {"-h", "--help"}:
         # escape(): "[a.b.c=value ...]" and error texts would otherwise be read as rich markup and vanish.

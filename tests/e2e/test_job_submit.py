@@ -32,6 +32,16 @@ def test_cli_rejects_bad_config_before_starting_anything(tmp_path: Path) -> None
     assert not list(tmp_path.iterdir()), "a bad config must fail before the run directory is made"
 
 
+def test_cli_exits_non_zero_naming_the_late_worker(tmp_path: Path) -> None:
+    """A rollout call that overruns its timeout stops the run with the role and rank, not a hang."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, "-m", "toolbox.run", "rollout.timeout_s=0.001", "trainer.total_steps=2",
+                          "callbacks=[]", f"trainer.run_root={tmp_path}"], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "rollout rank" in out.stderr and "did not finish within 0.001s" in out.stderr
+
+
 @pytest.fixture
 def ray_head() -> Iterator[tuple[dict[str, str], str]]:
     """A Ray head with token auth on this machine; stopped afterwards even if the test fails.

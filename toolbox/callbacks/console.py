@@ -33,6 +33,11 @@ class ConsoleConfig(BaseModel):
     refresh_per_second: float = Field(4.0, gt=0, description="Progress bar refresh rate.")
 
 
+def stderr_console() -> Console:
+    """A rich console on stderr. Logs (ray job logs, CI) are not terminals: rich would wrap them at 80 columns."""
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 150)
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.3g}"
@@ -44,8 +49,7 @@ class ConsoleProgress:
     """A progress bar with step, reward, loss, KL, response length and step time; a summary at the end."""
 
     def __init__(self, config: ConsoleConfig, total_steps: int, console: Console | None = None) -> None:
-        # Logs (ray job logs, CI) are not terminals; rich would squeeze the bar into 80 columns.
-        self.console = console or Console(stderr=True, width=None if sys.stderr.isatty() else 150)
+        self.console = console or stderr_console()
         self.progress = Progress(
             TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(bar_width=16), TimeElapsedColumn(),
             TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[stats]}"), console=self.console,
