@@ -89,7 +89,7 @@ def run_rllib(seed: int, target: float, max_steps: int) -> Run:
             result = algo.train()
             runners = result.get("env_runners", {})
             steps = int(runners.get("num_env_steps_sampled_lifetime") or result.get("num_env_steps_sampled_lifetime") or 0)
-            reached = (runners.get("episode_return_mean") or 0.0) >= target
+            reached = float(runners.get("episode_return_mean") or 0.0) >= target  # numpy scalars are not JSON
         t2 = time.perf_counter()
     finally:
         algo.stop()
@@ -107,16 +107,18 @@ def report(runs: list[Run], target: float) -> dict[str, Any]:
     from rich.table import Table
 
     systems = sorted({r.system for r in runs}, key=lambda s: s != "toolbox")
-    table = Table(title=f"PPO on CartPole-v1 to a mean training return of {target:g} (median over seeds)")
-    for col in ("system", "seeds reached", "env steps (median)", "train wall s (median)", "start-up s", "per seed: steps / s"):
+    table = Table(title=f"PPO on CartPole-v1 to a mean training return of {target:g}")
+    for col in ("system", "seed", "reached", "env steps", "train wall s", "start-up s"):
         table.add_column(col, justify="left" if col == "system" else "right")
     out: dict[str, Any] = {"target": target, "runs": [asdict(r) for r in runs]}
     for system in systems:
         mine = [r for r in runs if r.system == system]
+        for r in mine:
+            table.add_row(system, str(r.seed), "yes" if r.reached else "no", str(r.env_steps), f"{r.train_s:.1f}",
+                          f"{r.startup_s:.1f}")
         m = out[system] = medians(mine)
-        per_seed = ", ".join(f"{r.env_steps} / {r.train_s:.1f}" for r in mine)
-        table.add_row(system, f"{m['reached']}/{len(mine)}", f"{m['env_steps']:.0f}", f"{m['train_s']:.1f}",
-                      f"{m['startup_s']:.1f}", per_seed)
+        table.add_row(f"[bold]{system}[/]", "median", f"{m['reached']}/{len(mine)}", f"[bold]{m['env_steps']:.0f}[/]",
+                      f"[bold]{m['train_s']:.1f}[/]", f"{m['startup_s']:.1f}", end_section=True)
     console = Console()
     console.print(table)
     if "rllib" in out:

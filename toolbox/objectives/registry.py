@@ -7,6 +7,9 @@ implementation. `toolbox.objectives.families` says which trainer takes which fam
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from toolbox.core.registry import Registry
 from toolbox.objectives.grpo import grpo_loss
 from toolbox.objectives.kl import kl_penalty
@@ -17,7 +20,7 @@ from toolbox.objectives.value import clipped_value_terms
 
 OBJECTIVES: Registry = Registry("objective")
 
-for _name, _fn in {
+_ENTRIES: dict[str, Callable[..., Any]] = {
     "sft": masked_nll,  # supervised: token-mean NLL
     "seq": document_mean_nll,  # supervised: per-sequence mean NLL
     "dpo": dpo_loss,  # preference: sigmoid / ipo / hinge via loss_type
@@ -25,5 +28,6 @@ for _name, _fn in {
     "ppo_clip": clipped_policy_loss,  # policy: token-level clipped surrogate
     "value_mse": clipped_value_terms,  # value: clipped squared error
     "kl": kl_penalty,  # per-token KL estimators k1/k2/k3
-}.items():
+}
+for _name, _fn in _ENTRIES.items():
     OBJECTIVES.register(_name)(_fn)
