@@ -1,4 +1,4 @@
-"""PPO on CartPole on a real local Ray: 2 env-runner actors + 1 learner rank learn well past a random policy."""
+"""PPO on CartPole on a real local Ray: 2 env-runner actors + 1 learner rank (or 2 DDP ranks) learn well past random."""
 
 from __future__ import annotations
 
@@ -29,14 +29,16 @@ def random_policy_return(episodes: int = 20, seed: int = 0) -> float:
     return total / episodes
 
 
-def test_two_runners_one_learner_beat_a_random_policy(ray_session: None, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("strategy", "ranks"), [("single", 1), ("ddp", 2)])
+def test_two_runners_and_a_learner_beat_a_random_policy(ray_session: None, tmp_path: Path, strategy: str,
+                                                        ranks: int) -> None:
     cfg = load_config(["experiment=ppo_cartpole", f"trainer.run_root={tmp_path}", "callbacks=[]",
-                       "rollout.num_workers=2", "learner.num_workers=1", "trainer.total_steps=12",
-                       "trainer.eval_every=6", "algorithm.target_return=null"])
+                       "rollout.num_workers=2", f"learner.num_workers={ranks}", f"learner.strategy={strategy}",
+                       "trainer.total_steps=12", "trainer.eval_every=6", "algorithm.target_return=null"])
     builder = ExperimentBuilder(cfg)
     try:
         trainer = builder.build_trainer()
-        assert len(trainer.runners) == 2 and len(trainer.learner) == 1
+        assert len(trainer.runners) == 2 and len(trainer.learner) == ranks
         summary = trainer.fit()
         random_return = random_policy_return()
         assert random_return < 40

@@ -101,7 +101,7 @@ def medians(runs: list[Run]) -> dict[str, float]:
             "startup_s": statistics.median(r.startup_s for r in runs), "reached": sum(r.reached for r in runs)}
 
 
-def report(runs: list[Run], target: float) -> dict[str, Any]:
+def report(runs: list[Run], target: float, rllib_note: str = "") -> dict[str, Any]:
     """A rich table per seed and the medians; the ratio to RLlib when it ran."""
     from rich.console import Console
     from rich.table import Table
@@ -129,7 +129,7 @@ def report(runs: list[Run], target: float) -> dict[str, Any]:
         console.print(f"toolbox / RLlib: wall time x{out['wall_ratio']:.3f}, env steps x{out['steps_ratio']:.2f} "
                       f"(goal: wall <= 0.5, steps <= 1.0: {'met' if met else 'NOT met'})")
     else:
-        console.print("ray.rllib is not importable: RLlib not run (pip install -e '.[bench]')")
+        console.print(rllib_note, markup=False)
     return out
 
 
@@ -150,13 +150,16 @@ def main(argv: list[str]) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     # Logical CPUs: RLlib's default 2 env runners + its learner must fit; real cores are what they are.
     ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+    note = "RLlib skipped (--no-rllib)" if args.no_rllib else ""
+    if not note and not rllib_available():
+        note = "ray.rllib is not importable: RLlib not run (pip install -e '.[bench]')"
     try:
         runs = [run_toolbox(s, args.target, args.max_steps, args.overrides) for s in seeds]
-        if not args.no_rllib and rllib_available():
+        if not note:
             runs += [run_rllib(s, args.target, args.max_steps) for s in seeds]
     finally:
         ray.shutdown()
-    out = report(runs, args.target)
+    out = report(runs, args.target, note)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=2)

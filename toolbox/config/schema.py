@@ -29,7 +29,6 @@ from toolbox.rl.envs import EnvConfig
 Spec = dict[str, Any]
 
 
-
 def _algorithm_name(value: Any) -> str:
     """The ``name`` of an algorithm section (a dict or a config); a section without one is GRPO's."""
     return value.get("name", "grpo") if isinstance(value, dict) else getattr(value, "name", "grpo")
