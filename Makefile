@@ -32,6 +32,9 @@ test-fast: setup  ## unit tests only (no Ray), seconds
 bench: setup
 	$(BIN)/python -m toolbox.bench weight_sync
 	$(BIN)/python -m toolbox.bench grpo
+	$(BIN)/python -m toolbox.bench sft
+	$(BIN)/python -m toolbox.bench dpo
+	$(BIN)/python -m toolbox.bench ppo_cartpole
 
 docs: setup  ## regenerate the configuration reference and component catalog
 	$(BIN)/python -m toolbox.cli docs
