@@ -31,22 +31,21 @@ def build_optimizer(model: nn.Module, o: OptimConfig, optimizer_steps: int) -> t
     return optimizer, scheduler
 
 
-class LearnerBase:
-    """One rank's trainable policy and optimizer. Every public method is collective: all ranks call it together."""
+class TrainableRank:
+    """One rank's trained module (already wrapped by its strategy), optimizer and schedule, whatever the model.
 
-    def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, optimizer_steps: int,
-                 frozen_reference: bool = False) -> None:
-        self.cfg, self.model_path, self.dtype = cfg, model_path, dtype
+    What every learner shares: rank and world size, global reductions, the clipped
+    optimizer step, weight export, and checkpoints. Every public method is collective:
+    all ranks call it together.
+    """
+
+    def __init__(self, cfg: LearnerConfig, policy: nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: LRScheduler) -> None:
+        self.cfg = cfg
         self.rank = dist.get_rank() if is_distributed() else 0
         self.world = dist.get_world_size() if is_distributed() else 1
-        self.policy = wrap(load_causal_lm(model_path, dtype).train(), cfg.strategy)
-        self.ref = self.frozen_copy() if frozen_reference else None
-        self.optimizer, self.scheduler = build_optimizer(self.policy, cfg.optim, optimizer_steps)
+        self.policy, self.optimizer, self.scheduler = policy, optimizer, scheduler
         self.step = 0
-
-    def frozen_copy(self) -> nn.Module:
-        """A fresh, frozen copy of the initial model, wrapped like the policy (the reference)."""
-        return wrap(load_causal_lm(self.model_path, self.dtype).eval().requires_grad_(False), self.cfg.strategy)
 
     def global_sum(self, values: Iterable[float]) -> list[float]:
         """Element-wise sum of ``values`` over all ranks (this rank's values alone without a process group)."""
@@ -92,6 +91,22 @@ class LearnerBase:
         self.scheduler.load_state_dict(extra["scheduler"])
         self.step = int(extra["step"])
         return self.step
+
+
+class LearnerBase(TrainableRank):
+    """A language-model learner rank: the policy loaded with ``from_pretrained`` and wrapped by the strategy,
+    AdamW with a transformers schedule, and optionally a frozen reference copy."""
+
+    def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, optimizer_steps: int,
+                 frozen_reference: bool = False) -> None:
+        self.model_path, self.dtype = model_path, dtype
+        policy = wrap(load_causal_lm(model_path, dtype).train(), cfg.strategy)
+        super().__init__(cfg, policy, *build_optimizer(policy, cfg.optim, optimizer_steps))
+        self.ref = self.frozen_copy() if frozen_reference else None
+
+    def frozen_copy(self) -> nn.Module:
+        """A fresh, frozen copy of the initial model, wrapped like the policy (the reference)."""
+        return wrap(load_causal_lm(self.model_path, self.dtype).eval().requires_grad_(False), self.cfg.strategy)
 
 
 def _all_reduce(values: Iterable[float], op: dist.ReduceOp.RedOpType) -> list[float]:

@@ -7,6 +7,9 @@ are small per-rank files beside it.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,14 @@ from toolbox.core.seeding import rng_state, set_rng_state
 from toolbox.learner.strategy import is_distributed, unwrap
 
 
+@contextlib.contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns on every save/load without a process group; one rank ('single') is a supported setup."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def _rank() -> int:
     return torch.distributed.get_rank() if is_distributed() else 0
 
@@ -26,7 +37,8 @@ def _rank() -> int:
 def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any]) -> Path:
     """Write a checkpoint to ``path`` (a directory). Collective: every rank calls it."""
     model_sd, optim_sd = get_state_dict(unwrap(model), optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+    with _quiet_single_process():
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
     torch.save({**extra, "rng": rng_state()}, path / f"extra_rank{_rank()}.pt")
     return path
 
@@ -36,7 +48,8 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     if not (path / ".metadata").exists():
         raise FileNotFoundError(f"no checkpoint at {path} (missing .metadata); pass a step_* directory")
     model_sd, optim_sd = get_state_dict(unwrap(model), optimizer)
-    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))  # loads in place
+    with _quiet_single_process():
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))  # loads in place
     set_state_dict(unwrap(model), optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
     extra_file = path / f"extra_rank{_rank()}.pt"
     if not extra_file.exists():  # resuming with more ranks than saved: rank 0's step is everyone's

@@ -9,25 +9,20 @@ DDP averages the gradients.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
-from toolbox.learner.checkpoint import load_checkpoint, save_checkpoint
+from toolbox.learner.base import TrainableRank
 from toolbox.learner.config import LearnerConfig, OptimConfig
-from toolbox.learner.strategy import full_state_dict, is_distributed, wrap
+from toolbox.learner.strategy import wrap
 from toolbox.models.mlp import ActorCritic
 from toolbox.objectives.ppo import PPOEnvConfig, ppo_env_loss
 from toolbox.rl.advantages import gae
 from toolbox.rl.envs import SpaceSpec
 from toolbox.rl.trajectory import TrajectoryBatch
-from toolbox.rl.weights import WeightBucket, pack_state_dict
 
 Samples = dict[str, torch.Tensor]
 
@@ -59,23 +54,20 @@ def returns_and_advantages(batch: TrajectoryBatch, rewards_TN: torch.Tensor, gam
     return gae(rewards_TN, batch.values_TN, dones_TN, batch.last_value_N, gamma, lam)
 
 
-class PPOEnvLearner:
+class PPOEnvLearner(TrainableRank):
     """One learner rank. Every public method is collective: all ranks call it together."""
 
     def __init__(self, spec: SpaceSpec, algo: PPOEnvConfig, cfg: LearnerConfig, total_steps: int) -> None:
         if cfg.strategy not in {"single", "ddp"}:
             raise ValueError(f"learner.strategy {cfg.strategy!r}: the ppo_env learner supports 'single' and 'ddp'")
-        self.algo, self.cfg = algo, cfg
-        self.rank = dist.get_rank() if is_distributed() else 0
-        self.world = dist.get_world_size() if is_distributed() else 1
+        self.algo = algo
         self.model = ActorCritic(spec, algo.policy)
-        self.policy = wrap(self.model, cfg.strategy)
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps,
-                                           weight_decay=o.weight_decay)
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps,
+                                      weight_decay=o.weight_decay)
         total = max(1, total_steps * algo.epochs * algo.minibatches)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(o, total))
-        self.step = 0
+        super().__init__(cfg, wrap(self.model, cfg.strategy), optimizer,
+                         torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(o, total)))
 
     # ---- the update -------------------------------------------------------------------------
     def update(self, batches: list[TrajectoryBatch]) -> dict[str, float]:
@@ -133,7 +125,7 @@ class PPOEnvLearner:
         if self.algo.normalize_advantages and len(adv) > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         terms = ppo_env_loss(self.algo, logp, mb["logp"], adv, entropy, values, mb["values"], mb["returns"])
-        if self.algo.target_kl is not None and self._mean_over_ranks(terms.approx_kl) > self.algo.target_kl:
+        if self.algo.target_kl is not None and self.global_sum([terms.approx_kl])[0] / self.world > self.algo.target_kl:
             return False
         self.optimizer.zero_grad(set_to_none=True)
         terms.loss.backward()
@@ -146,47 +138,6 @@ class PPOEnvLearner:
         stats["loss"].append(float(terms.loss.detach()))
         stats["grad_norm"].append(float(grad_norm))
         return True
-
-    def _mean_over_ranks(self, value: float) -> float:
-        """All ranks must agree on an early stop, or DDP's collectives would hang."""
-        if not is_distributed():
-            return value
-        t = torch.tensor([value])
-        dist.all_reduce(t)
-        return float(t) / self.world
-
-    # ---- weights and checkpoints ------------------------------------------------------------
-    def export_weights(self) -> list[WeightBucket]:
-        """Weights and normalisation statistics as buckets on rank 0; ``[]`` on other ranks."""
-        state = full_state_dict(self.policy)
-        return pack_state_dict(state, self.cfg.bucket_mb << 20) if self.rank == 0 else []
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return full_state_dict(self.policy)
-
-    def save(self, path: str | Path) -> Path:
-        """DCP checkpoint: weights, normalisation statistics (buffers), Adam state; step, schedule, RNG beside it."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        with _single_process_dcp():
-            return save_checkpoint(path, self.policy, self.optimizer,
-                                   {"step": self.step, "scheduler": self.scheduler.state_dict()})
-
-    def load(self, path: str | Path) -> int:
-        with _single_process_dcp():
-            extra = load_checkpoint(Path(path), self.policy, self.optimizer)
-        self.scheduler.load_state_dict(extra["scheduler"])
-        self.step = int(extra["step"])
-        return self.step
-
-
-@contextlib.contextmanager
-def _single_process_dcp() -> Iterator[None]:
-    """DCP warns on every save/load without a process group; one rank ('single') is this learner's default."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
-
 
 def explained_variance(pred_B: torch.Tensor, target_B: torch.Tensor) -> float:
     """``1 - Var(target - pred) / Var(target)``: 1 is a perfect critic, <= 0 no better than a constant."""
