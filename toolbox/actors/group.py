@@ -131,6 +131,9 @@ class LocalGroup:
         args, targets = _plan(args_list, ranks, len(self.workers))
         out = []
         for r, a in zip(targets, args):
+            # As Ray does for actor calls: a top-level ObjectRef argument arrives as its value
+            # (workers share() into the object store whenever Ray is up, local mode or not).
+            a = tuple(ray.get(x) if isinstance(x, ray.ObjectRef) else x for x in a)
             try:
                 out.append(getattr(self.workers[r], method)(*a))
             except Exception as err:
