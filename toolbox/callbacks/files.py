@@ -102,9 +102,11 @@ class CurvePlot:
             self.values[name].append(float(payload["metrics"].get(name, float("nan"))))
 
     def _plot(self, _: Event, payload: dict[str, Any]) -> None:
-        if not self.steps:
+        # A metric this algorithm never reports (no KL without a reference) gets no empty panel.
+        shown = {k: v for k, v in self.values.items() if any(x == x for x in v)}
+        if not self.steps or not shown:
             return
-        plot_curves(self.steps, self.values, self.path, title=str(payload.get("summary", {}).get("experiment", "")))
+        plot_curves(self.steps, shown, self.path, title=str(payload.get("summary", {}).get("experiment", "")))
 
 
 def plot_curves(steps: list[int], values: dict[str, list[float]], path: Path, title: str = "") -> Path:
