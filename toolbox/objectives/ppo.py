@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolbox.models.mlp import PolicyConfig
 from toolbox.objectives.policy import clipped_policy_terms
+from toolbox.objectives.value import clipped_value_terms
 
 
 class PPOEnvConfig(BaseModel):
@@ -45,12 +46,8 @@ class PPOEnvConfig(BaseModel):
 
 
 def value_loss(values_B: torch.Tensor, old_values_B: torch.Tensor, returns_B: torch.Tensor, clip: float) -> torch.Tensor:
-    """``0.5 * mean(max((V - R)^2, (V_old + clip(V - V_old, +-clip) - R)^2))``; plain MSE/2 when ``clip`` is 0."""
-    unclipped = (values_B - returns_B).pow(2)
-    if clip <= 0:
-        return 0.5 * unclipped.mean()
-    clipped_values = old_values_B + (values_B - old_values_B).clamp(-clip, clip)
-    return 0.5 * torch.maximum(unclipped, (clipped_values - returns_B).pow(2)).mean()
+    """The mean of `clipped_value_terms` over a minibatch of env steps."""
+    return clipped_value_terms(values_B, old_values_B, returns_B, clip).mean()
 
 
 @dataclass
