@@ -43,7 +43,9 @@ class LearnerWorker:
 
     def setup(self, addr: str, port: int, timeout_s: float) -> None:
         if self.distributed:
-            backend = self.backend if self.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
+            # Learners keep their models on the CPU in this release (no device placement yet), so 'auto'
+            # is gloo even where CUDA is visible: nccl would fail on CPU tensors.
+            backend = "gloo" if self.backend == "auto" else self.backend
             os.environ.setdefault("MASTER_ADDR", addr)
             dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
                                     world_size=self.world_size, timeout=timedelta(seconds=timeout_s))

@@ -30,7 +30,9 @@ class LearnerConfig(BaseModel):
     strategy: Literal["single", "ddp", "fsdp2"] = Field(
         "fsdp2", description="'single' (one rank, no process group), 'ddp', or 'fsdp2' (fully_shard per block)."
     )
-    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="torch.distributed backend; auto: nccl on GPU, gloo on CPU.")
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend; auto: gloo (learner models stay on the CPU in this release)."
+    )
     micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward; gradients accumulate over them.")
     cpus_per_worker: float = Field(0.5, gt=0, description="Ray CPUs reserved per learner rank (logical; torch_threads sets real use).")
     gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs reserved per learner rank.")
