@@ -30,11 +30,14 @@ def test_generate_then_weight_update_changes_greedy_output(engine: str, tiny_mod
     before = eng.generate(requests, greedy)
     assert len(before) == len(requests) and before.response_mask_BR.sum() > 0
     assert torch.isfinite(before.logprobs_BR).all()
-    # Make one token overwhelmingly likely: after the sync every greedy response must start with it.
+    # A zero LM head makes every logit equal: greedy decoding (argmax, first index on ties) must then
+    # emit token 0 everywhere, with log-prob -log(vocab), if and only if the new weights arrived.
     model = load_causal_lm(path)
     with torch.no_grad():
         model.lm_head.weight.zero_()
-        model.lm_head.weight[5] = 100.0 * model.lm_head.weight.new_ones(model.lm_head.weight.shape[1])
     eng.update_weights(pack_state_dict(model.state_dict()))
     after = eng.generate(requests, greedy)
-    assert (after.response_ids_BR[:, 0] == 5).all()
+    assert (after.response_ids_BR[:, 0] == 0).all()
+    vocab = model.lm_head.weight.shape[0]
+    assert torch.allclose(after.logprobs_BR[:, 0], torch.full((len(after),), -float(torch.log(torch.tensor(vocab)))),
+                          atol=1e-3)
