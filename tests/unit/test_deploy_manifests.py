@@ -155,8 +155,8 @@ def _dockerfile_arg(name: str) -> str:
 
 def test_expected_manifests_present() -> None:
     names = {p.name for p in MANIFESTS}
-    assert {"raycluster.yaml", "rayjob.yaml", "pvc.yaml"} <= names
-    assert _docs_of("RayCluster") and len(_docs_of("RayJob")) >= 1
+    assert {"raycluster.yaml", "rayjob.yaml", "rayjob-sweep.yaml", "pvc.yaml"} <= names
+    assert _docs_of("RayCluster") and len(_docs_of("RayJob")) >= 2
 
 
 def test_vendored_crds_complete() -> None:
@@ -229,6 +229,8 @@ def test_rayjob_entrypoints_and_lifecycle() -> None:
     run = entrypoints["rayjob.yaml"].split()
     assert run[:3] == ["python", "-m", "toolbox.run"]
     assert {"experiment=grpo_tiny", "rollout.num_workers=2"} <= set(run)
+    sweep = entrypoints["rayjob-sweep.yaml"].split()
+    assert sweep[:3] == ["python", "-m", "toolbox.tune"] and "sweep=grpo_lr" in sweep
 
 
 def test_every_ray_pod_mounts_the_run_volume() -> None:

@@ -1,0 +1,36 @@
+"""A Ray Tune sweep where every trial is a whole (tiny, in-process) experiment."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from toolbox.tune import main
+
+pytestmark = pytest.mark.integration
+
+
+def test_grid_sweep_runs_every_trial_and_writes_results(ray_session: None, tmp_path: Path) -> None:
+    sweep = tmp_path / "tiny_lr.yaml"
+    sweep.write_text(
+        "experiment: grpo_tiny\n"
+        "overrides: [trainer.total_steps=3, trainer.eval_every=0, ray.local_mode=true, learner.num_workers=1,\n"
+        "            learner.strategy=single, algorithm.prompts_per_step=4, learner.micro_batch_size=8]\n"
+        "metric: reward\nmode: max\n"
+        "param_space:\n  learner.optim.lr: {grid: [1.0e-3, 3.0e-3]}\n"
+    )
+    assert main([f"sweep={sweep}", f"trainer.run_root={tmp_path / 'out'}"]) == 0
+    (sweep_dir,) = (tmp_path / "out" / "sweeps").iterdir()
+    rows = list(csv.DictReader((sweep_dir / "results.csv").open()))
+    assert sorted(float(r["config/learner.optim.lr"]) for r in rows) == [1e-3, 3e-3]
+    assert all(r["step"] == "3" for r in rows)
+    assert (sweep_dir / "sweep.png").exists()
+
+
+def test_a_bad_value_in_the_space_fails_before_any_trial(tmp_path: Path) -> None:
+    sweep = tmp_path / "bad.yaml"
+    sweep.write_text("experiment: grpo_tiny\nparam_space:\n  learner.num_workers: {grid: [2, 3]}\n")
+    assert main([f"sweep={sweep}", f"trainer.run_root={tmp_path}"]) == 2
+    assert not (tmp_path / "sweeps").exists()
