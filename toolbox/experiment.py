@@ -17,6 +17,7 @@ from typing import Any
 from toolbox.callbacks import CALLBACKS
 from toolbox.config.loader import dump_config
 from toolbox.config.schema import ExperimentConfig, TrainerConfig
+from toolbox.core.errors import ConfigError
 from toolbox.core.events import EventBus
 from toolbox.data.tasks import TASKS
 from toolbox.models.tiny import ensure_tiny_model
@@ -49,12 +50,23 @@ def resolve_model_path(cfg: ExperimentConfig, run_root: Path) -> str:
     model = cfg.model
     if model.tiny is None:
         if not model.path:
-            raise ValueError("model.path is empty and model.tiny is null: name a model directory or hub id")
+            raise ConfigError("model.path is empty and model.tiny is null: name a model directory or hub id")
         return model.path
     task = TASKS.build(cfg.task)
     digest = hashlib.sha1((model.tiny.model_dump_json() + task.alphabet()).encode()).hexdigest()[:10]
     path = Path(model.path) if model.path else run_root / ".models" / f"tiny-{model.tiny.arch}-{digest}"
     return str(ensure_tiny_model(path, model.tiny, task.alphabet()))
+
+
+def check_model_path(path: str, trust_remote_code: bool = False) -> None:
+    """Load the model's config on the driver, so a wrong path fails once, here, before any actor loads it."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"model.path: cannot load a model config from {path!r} (a local directory with "
+                          f"config.json, or a hub id): {str(err).splitlines()[0]}") from None
 
 
 def find_resume(target: str) -> str:
@@ -71,6 +83,8 @@ class ExperimentBuilder:
 
     def __init__(self, cfg: ExperimentConfig) -> None:
         self.cfg = cfg
+        if cfg.model.tiny is None and cfg.model.path:  # a user's model: fail here, before Ray and the run dir
+            check_model_path(cfg.model.path, cfg.model.trust_remote_code)
         self.run_dir = make_run_dir(cfg)
         dump_config(cfg, self.run_dir / "config.yaml")
         self.groups: list[Any] = []

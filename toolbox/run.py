@@ -45,7 +45,11 @@ def run(cfg, console: Console) -> int:  # noqa: ANN001 - ExperimentConfig, impor
     from toolbox.experiment import ExperimentBuilder, ray_init_kwargs
 
     started = time.perf_counter()
-    builder = ExperimentBuilder(cfg)
+    try:
+        builder = ExperimentBuilder(cfg)
+    except ConfigError as err:
+        console.print(f"[bold red]config error[/]: {escape(str(err))}")
+        return 2
     console.print(f"run directory: [bold]{builder.run_dir}[/]")
     started_ray = False
     if not cfg.ray.local_mode and not ray.is_initialized():

@@ -75,3 +75,19 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     err = capsys.readouterr().err
     assert "[experiment=NAME]" in err and "[a.b.c=value ...]" in err
+
+
+def test_a_missing_model_path_fails_before_anything_starts(tmp_path: Path) -> None:
+    from toolbox.run import main
+
+    assert main(["model.path=/nonexistent/model", "model.tiny=null", f"trainer.run_root={tmp_path}"]) == 2
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_user_model_directory_loads_through_from_pretrained(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The hub-loading path (model.path, model.tiny=null), exercised on a local directory."""
+    from toolbox.run import main
+
+    assert main(["ray.local_mode=true", "learner.num_workers=1", "learner.strategy=single", "trainer.total_steps=1",
+                 "callbacks=[]", "trainer.eval_every=0", f"model.path={tiny_model_dir}", "model.tiny=null",
+                 f"trainer.run_root={tmp_path}"]) == 0
