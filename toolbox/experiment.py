@@ -88,6 +88,15 @@ class ExperimentBuilder:
         self.run_dir = make_run_dir(cfg)
         dump_config(cfg, self.run_dir / "config.yaml")
         self.groups: list[Any] = []
+        self.placement: Any = None  # a Tune trial's placement group, when its actors must live inside it
+        self.first_bundle: dict[str, int] = {}
+
+    def use_placement_group(self, pg: Any) -> None:
+        """Place every role's actors in bundles of ``pg``, laid out as `trial_bundles` describes."""
+        self.placement, offset = pg, 1
+        for role in recipe_roles(self.cfg):
+            self.first_bundle[role] = offset
+            offset += role_size(self.cfg, role)[0]
 
     @functools.cached_property
     def model_path(self) -> str:
@@ -102,7 +111,9 @@ class ExperimentBuilder:
         if self.cfg.ray.local_mode:
             group: Any = LocalGroup(role, [cls(**make_kwargs(r)) for r in range(n)])
         else:
-            group = WorkerGroup(role, cls, n, make_kwargs, timeout_s, cpus, gpus, WORKER_ENV, self.cfg.ray.placement_timeout_s)
+            placement = None if self.placement is None else (self.placement, self.first_bundle[role])
+            group = WorkerGroup(role, cls, n, make_kwargs, timeout_s, cpus, gpus, WORKER_ENV,
+                                self.cfg.ray.placement_timeout_s, placement)
         self.groups.append(group)
         return group
 
@@ -135,6 +146,28 @@ class ExperimentBuilder:
         for group in self.groups:
             group.shutdown()
         self.groups = []
+
+
+def recipe_roles(cfg: ExperimentConfig) -> tuple[str, ...]:
+    """The worker roles the algorithm's recipe builds, in the order it builds them."""
+    from toolbox.recipes import RECIPES
+
+    return tuple(getattr(RECIPES.get(cfg.algorithm.name).factory, "roles", ()))
+
+
+def role_size(cfg: ExperimentConfig, role: str) -> tuple[int, float, float]:
+    """(workers, CPUs each, GPUs each) of a role, from its config section (rollout, reward or learner)."""
+    section = getattr(cfg, role)
+    return section.num_workers, section.cpus_per_worker, getattr(section, "gpus_per_worker", 0.0)
+
+
+def trial_bundles(cfg: ExperimentConfig, driver_cpus: float = 0.01) -> list[dict[str, float]]:
+    """Placement-group bundles for one whole experiment: the driver's, then every role's workers."""
+    bundles = [{"CPU": driver_cpus}]
+    for role in recipe_roles(cfg):
+        n, cpus, gpus = role_size(cfg, role)
+        bundles += [{"CPU": cpus, **({"GPU": gpus} if gpus else {})}] * n
+    return bundles
 
 
 def ray_init_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:

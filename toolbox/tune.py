@@ -8,14 +8,16 @@ recipe (its own worker groups and placement groups) and reports every step's met
 Tune; its score is the metric's mean over the last 10% of its steps. Results: a table in
 the console, ``results.csv`` and ``sweep.png`` in ``<run_root>/sweeps/<name>-<time>/``.
 
-Not done yet: trials' actors get placement groups of their own rather than bundles of
-the trial's placement group, so ``max_concurrent_trials`` must fit the cluster.
+Each trial reserves one placement group: a bundle for its driver, then one per actor of
+its experiment (`toolbox.experiment.trial_bundles`); the experiment's worker groups are
+placed in those bundles, so Tune schedules whole experiments and never over-commits.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +71,19 @@ def tune_space(sweep: SweepConfig) -> dict[str, Any]:
     return {key: makers[kind](values) for key, spec in sweep.param_space.items() for kind, values in spec.items()}
 
 
+def trial_resources(base: list[str], params: dict[str, Any]) -> Any:
+    """One placement group per trial: its driver's bundle, then a bundle for every actor of its experiment."""
+    from ray.tune import PlacementGroupFactory
+
+    from toolbox.experiment import trial_bundles
+
+    cfg = load_config([*base, *(f"{k}={v}" for k, v in params.items())])
+    return PlacementGroupFactory([{"CPU": 0.01}] if cfg.ray.local_mode else trial_bundles(cfg))
+
+
 def run_trial(params: dict[str, Any], base: list[str], metric: str) -> None:
     """One trial: the whole experiment, every step's metrics reported to Tune."""
+    import ray
     from ray import tune
 
     from toolbox.core.events import Event
@@ -78,6 +91,8 @@ def run_trial(params: dict[str, Any], base: list[str], metric: str) -> None:
 
     cfg = load_config([*base, *(f"{k}={v}" for k, v in params.items()), "callbacks=[{name: jsonl}]"])
     builder = ExperimentBuilder(cfg)
+    if not cfg.ray.local_mode:  # the trial's actors live in bundles of the trial's placement group
+        builder.use_placement_group(ray.util.get_current_placement_group())
     history: list[float] = []
     try:
         trainer = builder.build_trainer()
@@ -139,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if not ray.is_initialized():
         ray.init(**ray_init_kwargs(base_cfg))
-    trainable = tune.with_resources(tune.with_parameters(run_trial, base=base, metric=sweep.metric), {"cpu": 0.01})
+    trainable = tune.with_resources(tune.with_parameters(run_trial, base=base, metric=sweep.metric),
+                                    partial(trial_resources, base))
     tuner = tune.Tuner(trainable, param_space=tune_space(sweep),
                        tune_config=tune.TuneConfig(metric=SCORE, mode=sweep.mode, num_samples=sweep.num_samples,
                                                    max_concurrent_trials=sweep.max_concurrent_trials),

@@ -97,6 +97,8 @@ def test_dead_worker_raises_naming_role_and_rank(ray_session: None) -> None:
     group = WorkerGroup("sleeper", Sleeper, 2, lambda r: {}, timeout_s=10, cpus=0.1)
     try:
         ray.kill(group.actors[0], no_restart=True)
+        with pytest.raises(ray.exceptions.RayActorError):  # the kill is asynchronous: wait until it has landed
+            ray.get(group.actors[0].ready.remote(), timeout=60)
         with pytest.raises(WorkerError, match=r"sleeper rank 0 on node [0-9.]+: nap died"):
             group.call("nap", [(0.0,), (0.0,)])
     finally:

@@ -34,3 +34,24 @@ def test_a_bad_value_in_the_space_fails_before_any_trial(tmp_path: Path) -> None
     sweep.write_text("experiment: grpo_tiny\nparam_space:\n  learner.num_workers: {grid: [2, 3]}\n")
     assert main([f"sweep={sweep}", f"trainer.run_root={tmp_path}"]) == 2
     assert not (tmp_path / "sweeps").exists()
+
+
+def test_trials_place_their_actors_in_the_trial_placement_group(ray_session: None, tmp_path: Path) -> None:
+    """Real actors (2 FSDP2 learner ranks per trial) inside each trial's own placement group, 2 trials at once."""
+    from toolbox.config import load_config
+    from toolbox.experiment import trial_bundles
+
+    cfg = load_config(["rollout.num_workers=1", "reward.num_workers=1"])
+    assert trial_bundles(cfg) == [{"CPU": 0.01}, {"CPU": 0.25}, {"CPU": 0.1}, {"CPU": 0.5}, {"CPU": 0.5}]
+    sweep = tmp_path / "actors.yaml"
+    sweep.write_text(
+        "experiment: grpo_tiny\n"
+        "overrides: [trainer.total_steps=2, trainer.eval_every=0, rollout.num_workers=1, reward.num_workers=1,\n"
+        "            algorithm.prompts_per_step=4, learner.micro_batch_size=8]\n"
+        "max_concurrent_trials: 2\n"
+        "param_space:\n  algorithm.kl_coef: {grid: [0.0, 0.05]}\n"
+    )
+    assert main([f"sweep={sweep}", f"trainer.run_root={tmp_path / 'out'}"]) == 0
+    (sweep_dir,) = (tmp_path / "out" / "sweeps").iterdir()
+    rows = list(csv.DictReader((sweep_dir / "results.csv").open()))
+    assert len(rows) == 2 and all(r["step"] == "2" for r in rows)

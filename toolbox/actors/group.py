@@ -24,7 +24,7 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from toolbox.core.errors import WorkerError
@@ -52,23 +52,21 @@ class WorkerGroup:
 
     def __init__(self, role: str, cls: type, num_workers: int, make_kwargs: Callable[[int], dict[str, Any]],
                  timeout_s: float, cpus: float = 1.0, gpus: float = 0.0, env: dict[str, str] | None = None,
-                 placement_timeout_s: float = 60.0) -> None:
+                 placement_timeout_s: float = 60.0, placement: tuple[PlacementGroup, int] | None = None) -> None:
+        """``placement=(pg, first)`` puts the actors in bundles ``first..first+n-1`` of an existing placement
+        group (a Tune trial's); otherwise the group reserves a placement group of its own."""
         self.role, self.timeout_s = role, timeout_s
         self.nodes: list[str | None] = [None] * num_workers
-        bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
-        self.pg = placement_group([bundle] * num_workers, strategy="PACK")
-        try:
-            ray.get(self.pg.ready(), timeout=placement_timeout_s)
-        except GetTimeoutError:
-            remove_placement_group(self.pg)
-            raise WorkerError(role, -1, None, f"placement group of {num_workers} x {bundle} was not scheduled within "
-                              f"{placement_timeout_s}s; free: {ray.available_resources().get('CPU', 0):.2f} of "
-                              f"{ray.cluster_resources().get('CPU', 0):.2f} CPUs (lower {role}.cpus_per_worker or add nodes)") from None
+        self.owns_pg = placement is None
+        if placement is None:
+            self.pg, first = self._reserve(num_workers, cpus, gpus, placement_timeout_s), 0
+        else:
+            self.pg, first = placement
         remote_cls = ray.remote(cls)
         self.actors = [
             remote_cls.options(
                 num_cpus=cpus, num_gpus=gpus, max_restarts=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, i),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, first + i),
                 runtime_env={"env_vars": env or {}},
             ).remote(**make_kwargs(i))
             for i in range(num_workers)
@@ -76,6 +74,19 @@ class WorkerGroup:
         # Start-up (model loading) is bounded by the longer of the two budgets.
         infos = self.call("ready", timeout_s=max(timeout_s, placement_timeout_s))
         self.nodes = [info.get("node_ip") for info in infos]
+
+    def _reserve(self, n: int, cpus: float, gpus: float, timeout_s: float) -> PlacementGroup:
+        bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+        pg = placement_group([bundle] * n, strategy="PACK")
+        try:
+            ray.get(pg.ready(), timeout=timeout_s)
+        except GetTimeoutError:
+            remove_placement_group(pg)
+            raise WorkerError(self.role, -1, None, f"placement group of {n} x {bundle} was not scheduled within "
+                              f"{timeout_s}s; free: {ray.available_resources().get('CPU', 0):.2f} of "
+                              f"{ray.cluster_resources().get('CPU', 0):.2f} CPUs (lower {self.role}.cpus_per_worker "
+                              "or add nodes)") from None
+        return pg
 
     def __len__(self) -> int:
         return len(self.actors)
@@ -115,7 +126,8 @@ class WorkerGroup:
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
-        remove_placement_group(self.pg)
+        if self.owns_pg:
+            remove_placement_group(self.pg)
 
 
 class LocalGroup:

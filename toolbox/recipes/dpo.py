@@ -15,3 +15,6 @@ from toolbox.trainers.dpo import DPOTrainer
 def dpo_recipe(builder: Any, bus: EventBus) -> DPOTrainer:
     """Offline DPO on a JSONL file of preference pairs or pairs generated from a built-in task."""
     return offline_recipe(builder, bus, DPOLearner, DPOTrainer)
+
+
+dpo_recipe.roles = ("learner",)  # type: ignore[attr-defined]

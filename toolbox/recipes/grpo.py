@@ -41,6 +41,11 @@ def online_dpo_recipe(builder: Any, bus: EventBus) -> GRPOTrainer:
     return policy_recipe(builder, bus, OnlineDPOLearner)
 
 
+POLICY_ROLES = ("rollout", "reward", "learner")  # the order policy_recipe builds them in
+for _recipe in (grpo_recipe, ppo_recipe, online_dpo_recipe):
+    _recipe.roles = POLICY_ROLES  # type: ignore[attr-defined]
+
+
 def policy_recipe(builder: Any, bus: EventBus, learner_cls: type) -> GRPOTrainer:
     """Rollout workers, reward workers and a learner group of ``learner_cls`` around the GRPO loop."""
     c, path = builder.cfg, builder.model_path

@@ -36,3 +36,7 @@ def ppo_env_recipe(builder: Any, bus: EventBus) -> PPOEnvTrainer:
     steps_per_step = c.rollout.num_workers * c.env.num_envs * c.algorithm.steps_per_env
     return PPOEnvTrainer(builder.trainer_config(), bus, c.algorithm, runners, learner, builder.run_dir, steps_per_step,
                          c.experiment)
+
+
+# Env runners use the rollout section of the config.
+ppo_env_recipe.roles = ("rollout", "learner")  # type: ignore[attr-defined]

@@ -15,3 +15,6 @@ from toolbox.trainers.sft import SFTTrainer
 def sft_recipe(builder: Any, bus: EventBus) -> SFTTrainer:
     """Supervised fine-tuning on a JSONL file or a built-in task's prompt/answer pairs."""
     return offline_recipe(builder, bus, SFTLearner, SFTTrainer)
+
+
+sft_recipe.roles = ("learner",)  # type: ignore[attr-defined]
