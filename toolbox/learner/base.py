@@ -6,7 +6,7 @@ Plain torch; the `LearnerWorker` actor owns process-group setup and builds a sub
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -18,6 +18,7 @@ from toolbox.learner.checkpoint import load_checkpoint, save_checkpoint
 from toolbox.learner.config import LearnerConfig, OptimConfig
 from toolbox.learner.strategy import full_state_dict, is_distributed, wrap
 from toolbox.models.loading import load_causal_lm
+from toolbox.rl.batch import RolloutBatch
 from toolbox.rl.weights import WeightBucket, pack_state_dict
 
 
@@ -128,6 +129,13 @@ def split_into(n: int, parts: int) -> list[slice]:
     """``range(n)`` cut into ``parts`` consecutive slices (the last may be shorter)."""
     size = -(-n // parts)
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+@torch.no_grad()
+def no_grad_rows(fn: Callable[[RolloutBatch], torch.Tensor], batch: RolloutBatch, micro_batch_size: int) -> torch.Tensor:
+    """``fn`` over ``batch`` in micro-batches without gradients, concatenated along rows (old / reference
+    log-probs, old values): every rank runs the same number of forwards, as FSDP's collectives need."""
+    return torch.cat([fn(batch.select(mb)) for mb in chunks_of(slice(0, len(batch)), micro_batch_size)])
 
 
 def chunks_of(rows: slice, size: int) -> list[slice]:

@@ -10,7 +10,7 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from toolbox.learner.base import LearnerBase, chunks_of, rank_slice, split_into
+from toolbox.learner.base import LearnerBase, chunks_of, no_grad_rows, rank_slice, split_into
 from toolbox.learner.config import LearnerConfig
 from toolbox.objectives.grpo import GRPOConfig, grpo_advantages, grpo_loss, overlong_shaping
 from toolbox.rewards.base import RewardResult
@@ -19,10 +19,7 @@ from toolbox.rl.batch import FINISH_LENGTH, RolloutBatch
 
 def sequence_logprobs(model: nn.Module, batch: RolloutBatch, temperature: float) -> torch.Tensor:
     """``log p(response token | prefix)`` for every response position, ``[B, R]`` (0 at padding)."""
-    ids = torch.cat([batch.prompt_ids_BP, batch.response_ids_BR], dim=1)
-    attn = torch.cat([batch.prompt_mask_BP, batch.response_mask_BR], dim=1)
-    # Left padding: positions count real tokens only, as generate() does.
-    position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
+    ids, attn, position_ids = batch.model_inputs()
     logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=False).logits
     p = batch.prompt_ids_BP.shape[1]
     logits_BRV = logits[:, p - 1 : -1].float() / temperature
@@ -105,12 +102,9 @@ class Learner(LearnerBase):
         for k, v in self.optimizer_step().items():
             stats[k].append(v)
 
-    @torch.no_grad()
     def _no_grad_logprobs(self, model: nn.Module, batch: RolloutBatch) -> torch.Tensor:
-        parts = [sequence_logprobs(model, batch.select(mb), self.algo.temperature)
-                 for mb in chunks_of(slice(0, len(batch)), self.cfg.micro_batch_size)]
-        width = batch.response_ids_BR.shape[1]
-        return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
+        return no_grad_rows(lambda part: sequence_logprobs(model, part, self.algo.temperature), batch,
+                            self.cfg.micro_batch_size)
 
 
 def _fill_invalid(rewards: RewardResult, group_size: int) -> torch.Tensor:

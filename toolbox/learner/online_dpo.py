@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from toolbox.learner.base import chunks_of, rank_slice
+from toolbox.learner.base import chunks_of, no_grad_rows, rank_slice
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.learner import Learner, sequence_logprobs
 from toolbox.objectives.online_dpo import OnlineDPOConfig, best_worst_pairs
@@ -64,8 +64,7 @@ class OnlineDPOLearner(Learner):
             logp = logp / part.response_mask_BR.sum(dim=1).clamp(min=1)
         return logp
 
-    @torch.no_grad()
     def _ref_seq_logps(self, part: RolloutBatch) -> torch.Tensor:
-        assert self.ref is not None
-        return torch.cat([self._seq_logps(self.ref, part.select(mb))
-                          for mb in chunks_of(slice(0, len(part)), self.cfg.micro_batch_size)])
+        ref = self.ref
+        assert ref is not None
+        return no_grad_rows(lambda rows: self._seq_logps(ref, rows), part, self.cfg.micro_batch_size)

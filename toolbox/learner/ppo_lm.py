@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from toolbox.learner.base import build_optimizer, chunks_of, rank_slice, split_into
+from toolbox.learner.base import build_optimizer, chunks_of, no_grad_rows, rank_slice, split_into
 from toolbox.learner.checkpoint import load_checkpoint, save_checkpoint
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.learner import Learner, sequence_logprobs
@@ -90,10 +90,8 @@ class PPOLearner(Learner):
         critic = self.optimizer_step(self.critic, self.critic_opt, self.critic_sched)
         stats["critic_grad_norm"].append(critic["grad_norm"])
 
-    @torch.no_grad()
     def _no_grad_values(self, batch: RolloutBatch) -> torch.Tensor:
-        parts = [response_values(self.critic, batch.select(mb)) for mb in chunks_of(slice(0, len(batch)), self.cfg.micro_batch_size)]
-        return torch.cat(parts)
+        return no_grad_rows(lambda part: response_values(self.critic, part), batch, self.cfg.micro_batch_size)
 
     def _global_mean(self, x_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
         total, n = self.global_sum([float((x_BT * mask_BT).sum()), float(mask_BT.sum())])

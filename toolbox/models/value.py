@@ -39,9 +39,7 @@ def load_value_model(path: str, dtype: str = "float32") -> ValueModel:
 
 def response_values(critic: nn.Module, batch: RolloutBatch) -> torch.Tensor:
     """``V`` of the state before each response token, ``[B, R]`` (0 at padding)."""
-    ids = torch.cat([batch.prompt_ids_BP, batch.response_ids_BR], dim=1)
-    attn = torch.cat([batch.prompt_mask_BP, batch.response_mask_BR], dim=1)
-    position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
+    ids, attn, position_ids = batch.model_inputs()
     values = critic(input_ids=ids, attention_mask=attn, position_ids=position_ids)
     p = batch.prompt_ids_BP.shape[1]
     return values[:, p - 1 : -1] * batch.response_mask_BR

@@ -52,11 +52,3 @@ def token_gae(rewards_BT: torch.Tensor, values_BT: torch.Tensor, mask_BT: torch.
     adv_TB, ret_TB = gae(rewards_BT.T, values_BT.T, dones_BT.T, torch.zeros(mask_BT.shape[0]), gamma, lam)
     return adv_TB.T * mask_BT, ret_TB.T * mask_BT
 
-
-def whiten(x_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Zero mean, unit variance over the masked entries."""
-    m = mask_BT.float()
-    n = m.sum().clamp(min=1.0)
-    mean = (x_BT * m).sum() / n
-    var = ((x_BT - mean).pow(2) * m).sum() / n
-    return (x_BT - mean) / (var.sqrt() + eps) * m

@@ -43,6 +43,15 @@ class RolloutBatch:
     def __len__(self) -> int:
         return int(self.prompt_ids_BP.shape[0])
 
+    def model_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(input_ids, attention_mask, position_ids)`` of prompt + response, ``[B, P + R]``.
+
+        Left padding: positions count real tokens only, as ``generate()`` does.
+        """
+        ids = torch.cat([self.prompt_ids_BP, self.response_ids_BR], dim=1)
+        attn = torch.cat([self.prompt_mask_BP, self.response_mask_BR], dim=1)
+        return ids, attn, (attn.cumsum(dim=1) - 1).clamp(min=0)
+
     @property
     def response_lengths_B(self) -> torch.Tensor:
         return self.response_mask_BR.sum(dim=1)
