@@ -20,8 +20,8 @@ run: setup  ## the default experiment (GRPO on a tiny model) on a local Ray inst
 	$(BIN)/python -m toolbox.run $(ARGS)
 
 lint: setup
-	$(BIN)/ruff check toolbox tests
-	$(BIN)/mypy toolbox
+	$(BIN)/ruff check toolbox actors tests
+	$(BIN)/mypy toolbox actors  # actors/ is checked as a top-level package (relative imports)
 
 test: lint  ## the whole suite: unit, integration (local Ray), e2e (ray job submit), slow
 	$(BIN)/python -m pytest -q -ra

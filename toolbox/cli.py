@@ -40,6 +40,12 @@ def config_rows(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str
     for name, field in model.model_fields.items():
         path = f"{prefix}{name}"
         subs = _models_in(field.annotation)
+        variants = _registered_variants(subs)
+        if variants:  # a section whose class the registry picks by name (algorithm): one block per entry
+            rows.append((path, "one of " + ", ".join(v for v, _ in variants), "", field.description or ""))
+            for tag, sub in variants:
+                rows += config_rows(sub, f"{path}[name={tag}].")
+            continue
         default = "" if field.is_required() else repr(field.get_default(call_default_factory=True))
         if subs and not isinstance(field.annotation, types.UnionType) and len(subs) == 1:
             rows.append((path, subs[0].__name__, "", field.description or ""))
@@ -50,6 +56,22 @@ def config_rows(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str
         for sub in subs:
             rows += config_rows(sub, f"{path}[{sub.__name__}].")
     return rows
+
+
+def _registered_variants(subs: list[type[BaseModel]]) -> list[tuple[str, type[BaseModel]]]:
+    """(name, config class) of every registered algorithm when ``subs`` is the algorithm base class; else []."""
+    from toolbox.config.algorithm import AlgorithmConfig
+
+    if subs != [AlgorithmConfig]:
+        return []
+    from toolbox.algorithms import ALGORITHMS
+
+    out = []
+    for name in ALGORITHMS.names():
+        config = ALGORITHMS.get(name).config
+        assert config is not None
+        out.append((name, config))
+    return out
 
 
 def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
@@ -63,15 +85,15 @@ def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
 
 def registries() -> dict[str, Any]:
     from toolbox import engines, rewards  # noqa: F401
+    from toolbox.algorithms import ALGORITHMS
     from toolbox.callbacks import CALLBACKS
     from toolbox.data.tasks import TASKS
     from toolbox.engines import ENGINES
     from toolbox.objectives.registry import OBJECTIVES
-    from toolbox.recipes import RECIPES
     from toolbox.rewards import REWARDS
     from toolbox.rl.advantages import ADVANTAGES
 
-    return {"algorithm (recipe)": RECIPES, "engine": ENGINES, "reward": REWARDS, "task": TASKS,
+    return {"algorithm": ALGORITHMS, "engine": ENGINES, "reward": REWARDS, "task": TASKS,
             "objective": OBJECTIVES, "advantage": ADVANTAGES, "callback": CALLBACKS}
 
 

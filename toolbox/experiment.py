@@ -1,7 +1,7 @@
 """`ExperimentBuilder`: config -> run directory, worker groups, trainer, callbacks (dependency injection).
 
 What is common to every algorithm lives here (run directory, model path, groups,
-callbacks, Ray connection); what is particular is a recipe in `toolbox.recipes`.
+callbacks, Ray connection); what is particular is the algorithm's wiring in `toolbox.algorithms`.
 """
 
 from __future__ import annotations
@@ -12,15 +12,18 @@ import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from toolbox.callbacks import CALLBACKS
+from toolbox.config.algorithm import AlgorithmConfig
 from toolbox.config.loader import dump_config
 from toolbox.config.schema import ExperimentConfig, TrainerConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.events import EventBus
 from toolbox.data.tasks import TASKS
 from toolbox.models.tiny import ensure_tiny_model
+
+A = TypeVar("A", bound=AlgorithmConfig)
 
 # Quiet worker processes: transformers' load/save bars would drown the run's own progress.
 WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -94,13 +97,13 @@ class ExperimentBuilder:
     def use_placement_group(self, pg: Any) -> None:
         """Place every role's actors in bundles of ``pg``, laid out as `trial_bundles` describes."""
         self.placement, offset = pg, 1
-        for role in recipe_roles(self.cfg):
+        for role in self.cfg.algorithm.roles:
             self.first_bundle[role] = offset
             offset += role_size(self.cfg, role)[0]
 
     @functools.cached_property
     def model_path(self) -> str:
-        """The policy model's directory or hub id, resolved (a tiny model built) only by recipes that use one."""
+        """The policy model's directory or hub id, resolved (a tiny model built) only by algorithms that use one."""
         return resolve_model_path(self.cfg, self.run_dir.parent)
 
     def group(self, role: str, cls: type, n: int, make_kwargs: Callable[[int], dict[str, Any]], timeout_s: float,
@@ -130,29 +133,29 @@ class ExperimentBuilder:
         group.call("setup", [(addr, port, lc.timeout_s)] * len(group))
         return group
 
+    def algorithm(self, cls: type[A]) -> A:
+        """The algorithm section as its own config class (what an algorithm's wiring reads)."""
+        algo = self.cfg.algorithm
+        if not isinstance(algo, cls):
+            raise TypeError(f"algorithm {algo.name!r} has a {type(algo).__name__}, its wiring expects a {cls.__name__}")
+        return algo
+
     def trainer_config(self) -> TrainerConfig:
         return self.cfg.trainer.model_copy(update={"resume_from": find_resume(self.cfg.trainer.resume_from)})
 
     def build_trainer(self) -> Any:
-        from toolbox.recipes import RECIPES
+        from toolbox.algorithms import ALGORITHMS
 
         bus = EventBus()
         inject = {"run_dir": self.run_dir, "total_steps": self.cfg.trainer.total_steps}
         for spec in self.cfg.callbacks:
             CALLBACKS.build(spec, inject=inject).attach(bus)
-        return RECIPES.get(self.cfg.algorithm.name).factory(self, bus)
+        return ALGORITHMS.get(self.cfg.algorithm.name).factory(self, bus)
 
     def shutdown(self) -> None:
         for group in self.groups:
             group.shutdown()
         self.groups = []
-
-
-def recipe_roles(cfg: ExperimentConfig) -> tuple[str, ...]:
-    """The worker roles the algorithm's recipe builds, in the order it builds them."""
-    from toolbox.recipes import RECIPES
-
-    return tuple(getattr(RECIPES.get(cfg.algorithm.name).factory, "roles", ()))
 
 
 def role_size(cfg: ExperimentConfig, role: str) -> tuple[int, float, float]:
@@ -164,7 +167,7 @@ def role_size(cfg: ExperimentConfig, role: str) -> tuple[int, float, float]:
 def trial_bundles(cfg: ExperimentConfig, driver_cpus: float = 0.01) -> list[dict[str, float]]:
     """Placement-group bundles for one whole experiment: the driver's, then every role's workers."""
     bundles = [{"CPU": driver_cpus}]
-    for role in recipe_roles(cfg):
+    for role in cfg.algorithm.roles:
         n, cpus, gpus = role_size(cfg, role)
         bundles += [{"CPU": cpus, **({"GPU": gpus} if gpus else {})}] * n
     return bundles

@@ -4,7 +4,7 @@ A sweep YAML (``configs/sweeps/NAME.yaml``) names a base experiment, fixed overr
 a ``param_space`` of dotted config paths (``{grid: [...]}``, ``{choice: [...]}``,
 ``{uniform: [lo, hi]}``, ``{loguniform: [lo, hi]}``), and the reported metric to
 optimise. Each trial validates its config before anything starts, runs the experiment's
-recipe (its own worker groups and placement groups) and reports every step's metrics to
+algorithm (its own worker groups and placement groups) and reports every step's metrics to
 Tune; its score is the metric's mean over the last 10% of its steps. Results: a table in
 the console, ``results.csv`` and ``sweep.png`` in ``<run_root>/sweeps/<name>-<time>/``.
 

@@ -15,8 +15,8 @@ from toolbox.data.tasks import TASKS
 from toolbox.engines.base import SamplingConfig
 from toolbox.engines.hf import HFEngine
 from toolbox.learner.config import LearnerConfig, OptimConfig
-from toolbox.learner.learner import Learner
-from toolbox.objectives.grpo import GRPOConfig
+from toolbox.algorithms.grpo.learner import GRPOLearner
+from toolbox.algorithms.grpo.config import GRPOConfig
 from toolbox.rewards.base import RewardResult
 
 pytestmark = pytest.mark.integration
@@ -33,12 +33,12 @@ def test_two_fsdp2_ranks_update_like_one(ray_session: None, tiny_model_dir: Path
     algo = GRPOConfig(prompts_per_step=8, group_size=4, kl_coef=0.1, agg=agg, ppo_epochs=2)
     cfg = LearnerConfig(num_workers=2, strategy="fsdp2", micro_batch_size=4, optim=OptimConfig(lr=1e-3))
 
-    single = Learner(path, "float32", cfg.model_copy(update={"num_workers": 1, "strategy": "single"}), algo, 1)
+    single = GRPOLearner(path, "float32", cfg.model_copy(update={"num_workers": 1, "strategy": "single"}), algo, 1)
     m1 = single.update([batch], [rewards])
     one = single.full_state_dict()
 
     group = WorkerGroup("learner", LearnerWorker, 2, lambda r: dict(
-        rank=r, world_size=2, build=partial(Learner, path, "float32", cfg, algo, 1), distributed=True),
+        rank=r, world_size=2, build=partial(GRPOLearner, path, "float32", cfg, algo, 1), distributed=True),
         timeout_s=120, cpus=0.5)
     try:
         addr, port = group.call("rendezvous", [()], ranks=[0])[0]

@@ -14,8 +14,8 @@ from toolbox.core.errors import ConfigError
 from toolbox.data.offline import RecordSource
 from toolbox.data.tasks import TASKS
 from toolbox.learner.config import LearnerConfig, OptimConfig
-from toolbox.learner.dpo import DPOLearner, sequence_logps
-from toolbox.objectives.dpo import DPOConfig
+from toolbox.algorithms.dpo.learner import DPOLearner, sequence_logps
+from toolbox.algorithms.dpo.config import DPOConfig
 
 
 def make_learner(model_dir: Path, **algo: object) -> DPOLearner:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from toolbox.core.errors import RegistryError
-from toolbox.objectives.grpo import GRPOConfig, grpo_advantages, grpo_loss
+from toolbox.algorithms.grpo.config import GRPOConfig
+from toolbox.objectives.grpo import grpo_loss
+from toolbox.rl.advantages import grpo_advantages
 from toolbox.rl.advantages import group_normalized, rloo
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -20,13 +24,15 @@ MASK_BT = torch.tensor([[1, 1, 0], [1, 1, 1]])
 REF_BT = LOGP_BT - torch.tensor([[0.2, 0.4, 9.0], [0.0, -0.2, 0.6]])
 
 
-def cfg(**kw) -> GRPOConfig:  # noqa: ANN003
+def cfg(**kw) -> dict[str, Any]:  # noqa: ANN003
+    """The loss options of a GRPO config (validated by it), as `grpo_loss` keywords."""
     base = {"clip_low": 0.2, "clip_high": 0.3, "kl_coef": 0.1, "kl_kind": "k2", "agg": "token-mean"}
-    return GRPOConfig(**{**base, **kw})
+    GRPOConfig(**{**base, **kw})
+    return {**base, **kw}
 
 
 def test_grpo_loss_hand_case_with_kl() -> None:
-    terms = grpo_loss(cfg(), LOGP_BT, OLD_BT, REF_BT, ADV_B, MASK_BT, token_count=5, seq_count=2, norm_length=3)
+    terms = grpo_loss(LOGP_BT, OLD_BT, REF_BT, ADV_B, MASK_BT, token_count=5, seq_count=2, norm_length=3, **cfg())
     assert terms.pg_loss == pytest.approx(1.7 / 5)
     assert terms.kl == pytest.approx(0.3 / 5)
     assert terms.loss.item() == pytest.approx(1.7 / 5 + 0.1 * 0.3 / 5)
@@ -34,7 +40,7 @@ def test_grpo_loss_hand_case_with_kl() -> None:
 
 
 def test_grpo_loss_seq_mean_aggregation() -> None:
-    terms = grpo_loss(cfg(agg="seq-mean-token-mean"), LOGP_BT, OLD_BT, REF_BT, ADV_B, MASK_BT, 5, 2, 3)
+    terms = grpo_loss(LOGP_BT, OLD_BT, REF_BT, ADV_B, MASK_BT, 5, 2, 3, **cfg(agg="seq-mean-token-mean"))
     assert terms.pg_loss == pytest.approx((-1.8 / 2 + 3.5 / 3) / 2)
     assert terms.kl == pytest.approx((0.1 / 2 + 0.2 / 3) / 2)
     assert terms.clip_frac == pytest.approx(2 / 5)  # always a token fraction
@@ -42,7 +48,7 @@ def test_grpo_loss_seq_mean_aggregation() -> None:
 
 def test_kl_term_skipped_without_reference_or_coefficient() -> None:
     for config, ref in ((cfg(kl_coef=0.0), REF_BT), (cfg(), None)):
-        terms = grpo_loss(config, LOGP_BT, OLD_BT, ref, ADV_B, MASK_BT, 5, 2, 3)
+        terms = grpo_loss(LOGP_BT, OLD_BT, ref, ADV_B, MASK_BT, 5, 2, 3, **config)
         assert terms.kl == 0.0 and terms.loss.item() == pytest.approx(1.7 / 5)
 
 
@@ -88,7 +94,7 @@ def make_data() -> dict[str, torch.Tensor]:
     }
 
 
-def grads_of(config: GRPOConfig, micro: int, global_counts: bool = True) -> tuple[list[torch.Tensor], float]:
+def grads_of(config: dict[str, Any], micro: int, global_counts: bool = True) -> tuple[list[torch.Tensor], float]:
     policy, d = LinearPolicy(), make_data()
     with torch.no_grad():
         logp0 = policy(d["feats"], d["tokens"])
@@ -99,7 +105,7 @@ def grads_of(config: GRPOConfig, micro: int, global_counts: bool = True) -> tupl
         rows = slice(start, start + micro)
         logp = policy(d["feats"][rows], d["tokens"][rows])
         counts = (tokens, seqs) if global_counts else (float(d["mask"][rows].sum()), float(micro))
-        terms = grpo_loss(config, logp, old[rows], ref[rows], d["adv"][rows], d["mask"][rows], *counts, width)
+        terms = grpo_loss(logp, old[rows], ref[rows], d["adv"][rows], d["mask"][rows], *counts, width, **config)
         terms.loss.backward()
         total += terms.loss.item()
     return [p.grad.clone() for p in policy.parameters()], total

@@ -7,7 +7,9 @@ import torch
 from toolbox.config import load_config
 from toolbox.data.prompts import split_groups
 from toolbox.engines.base import PromptRequest
-from toolbox.objectives.grpo import GRPOConfig, choose_groups, informative_groups, overlong_shaping
+from toolbox.algorithms.grpo.config import GRPOConfig
+from toolbox.rl.advantages import overlong_shaping
+from toolbox.rl.sampling import choose_groups, informative_groups
 
 
 def test_overlong_shaping_is_zero_before_the_buffer_and_linear_inside_it() -> None:

@@ -9,7 +9,7 @@ import torch
 
 from toolbox.engines.base import ENGINES, PromptRequest, SamplingConfig
 from toolbox.engines.hf import HFEngine, _response_mask
-from toolbox.learner.learner import sequence_logprobs
+from toolbox.algorithms.grpo.learner import sequence_logprobs
 from toolbox.models.loading import load_causal_lm
 from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, RolloutBatch
 from toolbox.rl.weights import pack_state_dict

@@ -1,4 +1,4 @@
-"""`toolbox.learner.learner.Learner` (strategy 'single', no Ray): micro-batch size changes neither the update nor its metrics."""
+"""`toolbox.algorithms.grpo.learner.GRPOLearner` (strategy 'single', no Ray): micro-batch size changes neither the update nor its metrics."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 from toolbox.engines.base import PromptRequest, SamplingConfig
 from toolbox.engines.hf import HFEngine
 from toolbox.learner.config import LearnerConfig
-from toolbox.learner.learner import Learner
+from toolbox.algorithms.grpo.learner import GRPOLearner
 from toolbox.models.loading import load_causal_lm
-from toolbox.objectives.grpo import GRPOConfig
+from toolbox.algorithms.grpo.config import GRPOConfig
 from toolbox.rewards.base import RewardResult, RewardStatus
 from toolbox.rl.batch import RolloutBatch
 from toolbox.rl.weights import unpack_all
@@ -37,13 +37,13 @@ def rollout(tiny_model_dir: Path) -> tuple[list[RolloutBatch], list[RewardResult
     return batch.split(2), results
 
 
-def make_learner(path: Path, micro: int) -> Learner:
+def make_learner(path: Path, micro: int) -> GRPOLearner:
     cfg = LearnerConfig(num_workers=1, strategy="single", micro_batch_size=micro,
                         optim={"lr": 1e-3, "scheduler": "constant", "max_grad_norm": 100.0})
     algo = GRPOConfig(prompts_per_step=4, group_size=GROUP, kl_coef=0.1, kl_kind="k3", clip_low=0.2, clip_high=0.28,
                       ppo_epochs=2, mini_batches=2)
     torch.manual_seed(0)
-    return Learner(str(path), "float32", cfg, algo, total_steps=10)
+    return GRPOLearner(str(path), "float32", cfg, algo, total_steps=10)
 
 
 def test_micro_batch_size_does_not_change_update_or_metrics(tiny_model_dir: Path, rollout) -> None:  # noqa: ANN001

@@ -11,8 +11,9 @@ import torch
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.learner.config import LearnerConfig
-from toolbox.learner.online_dpo import OnlineDPOLearner
-from toolbox.objectives.online_dpo import OnlineDPOConfig, best_worst_pairs
+from toolbox.algorithms.online_dpo.learner import OnlineDPOLearner
+from toolbox.algorithms.online_dpo.config import OnlineDPOConfig
+from toolbox.objectives.online_dpo import best_worst_pairs
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import RolloutBatch
 

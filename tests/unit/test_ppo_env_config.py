@@ -7,8 +7,8 @@ import pytest
 from tests.unit.fake_envs import DICT_OBS, register_fake_envs
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
-from toolbox.objectives.grpo import GRPOConfig
-from toolbox.objectives.ppo import PPOEnvConfig
+from toolbox.algorithms.grpo.config import GRPOConfig
+from toolbox.algorithms.ppo_env.config import PPOEnvConfig
 from toolbox.rl.envs import EnvConfig, SpaceSpec, check_env
 
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from toolbox.learner.config import LearnerConfig, OptimConfig
-from toolbox.learner.ppo_env import PPOEnvLearner, lr_multiplier, returns_and_advantages
+from toolbox.algorithms.ppo_env.learner import PPOEnvLearner, lr_multiplier, returns_and_advantages
 from toolbox.models.mlp import PolicyConfig
-from toolbox.objectives.ppo import PPOEnvConfig, value_loss
+from toolbox.algorithms.ppo_env.config import PPOEnvConfig
+from toolbox.objectives.ppo import value_loss
 from toolbox.rl.env_runner import EnvRunner
 from toolbox.rl.envs import EnvConfig, check_env
 from toolbox.rl.trajectory import TrajectoryBatch

@@ -7,7 +7,7 @@ from typing import Any
 
 from toolbox.config import load_config
 from toolbox.experiment import ExperimentBuilder
-from toolbox.trainers.ppo_env import split_counts
+from toolbox.algorithms.ppo_env.loop import split_counts
 
 
 def fit(tmp_path: Path, *overrides: str) -> tuple[dict[str, Any], Any]:

@@ -7,8 +7,9 @@ from pathlib import Path
 import torch
 
 from toolbox.learner.config import LearnerConfig
-from toolbox.learner.ppo_lm import PPOLearner
-from toolbox.objectives.ppo_lm import PPOConfig, token_gae, token_rewards
+from toolbox.algorithms.ppo.learner import PPOLearner
+from toolbox.algorithms.ppo.config import PPOConfig
+from toolbox.objectives.ppo_lm import token_gae, token_rewards
 from toolbox.objectives.value import clipped_value_terms
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import RolloutBatch

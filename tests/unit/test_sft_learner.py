@@ -12,8 +12,8 @@ from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.experiment import ExperimentBuilder
 from toolbox.learner.config import LearnerConfig, OptimConfig
-from toolbox.learner.sft import SFTLearner
-from toolbox.objectives.sft import SFTConfig
+from toolbox.algorithms.sft.learner import SFTLearner
+from toolbox.algorithms.sft.config import SFTConfig
 
 
 def make_learner(model_dir: Path, **algo: object) -> SFTLearner:

@@ -1,4 +1,4 @@
-"""The driver loop (`BaseTrainer.fit` via `GRPOTrainer`) with in-process fake workers in `LocalGroup`s: no model, no Ray."""
+"""The driver loop (`BaseTrainer.fit` via `OnlineTrainer`) with in-process fake workers in `LocalGroup`s: no model, no Ray."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from toolbox.core.events import Event, EventBus
 from toolbox.data.prompts import PromptSource
 from toolbox.data.tasks import TASKS
 from toolbox.engines.base import PromptRequest, SamplingConfig
-from toolbox.objectives.grpo import GRPOConfig
-from toolbox.trainers import TRAINERS
+from toolbox.algorithms.grpo.config import GRPOConfig
 from toolbox.trainers.base import BaseTrainer
-from toolbox.trainers.grpo import GRPOTrainer
+from toolbox.trainers.online import OnlineTrainer
 
 ALGO = GRPOConfig(prompts_per_step=2, group_size=3)
 
@@ -83,13 +82,13 @@ class Recorder:
         return [(e.name, p.get("step")) for e, p in self.events]
 
 
-def make_trainer(tmp_path: Path, learners: list[FakeLearner] | None = None, **cfg: Any) -> tuple[GRPOTrainer, Recorder, dict]:
+def make_trainer(tmp_path: Path, learners: list[FakeLearner] | None = None, **cfg: Any) -> tuple[OnlineTrainer, Recorder, dict]:
     bus = EventBus()
     recorder = Recorder(bus)
     workers = {"rollout": [FakeRollout(), FakeRollout()], "reward": [FakeReward(), FakeReward()],
                "learner": learners or [FakeLearner(0), FakeLearner(1)]}
     prompts = PromptSource(TASKS.build({"name": "digit_add"}), CharTokenizer(), seed=0)
-    trainer = GRPOTrainer(TrainerConfig(**cfg), bus, ALGO, SamplingConfig(temperature=1.0), prompts,
+    trainer = OnlineTrainer(TrainerConfig(**cfg), bus, ALGO, SamplingConfig(temperature=1.0), prompts,
                           LocalGroup("rollout", workers["rollout"]), LocalGroup("reward", workers["reward"]),
                           LocalGroup("learner", workers["learner"]), tmp_path, experiment="fake")
     return trainer, recorder, workers
@@ -108,7 +107,9 @@ def expected_events(start: int, total: int, eval_every: int, save_every: int,
 
 
 def test_registered() -> None:
-    assert TRAINERS.get("grpo").factory is GRPOTrainer
+    from toolbox.algorithms import ALGORITHMS
+
+    assert ALGORITHMS.get("grpo").config is GRPOConfig
 
 
 def test_events_in_order_with_eval_and_save_cadence(tmp_path: Path) -> None:

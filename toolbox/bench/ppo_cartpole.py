@@ -39,7 +39,7 @@ def run_toolbox(seed: int, target: float, max_steps: int, overrides: list[str]) 
     """Our ``ppo_cartpole`` experiment on the running Ray instance, stopped at a training-return mean of ``target``."""
     from toolbox.config import load_config
     from toolbox.experiment import ExperimentBuilder
-    from toolbox.objectives.ppo import PPOEnvConfig
+    from toolbox.algorithms.ppo_env.config import PPOEnvConfig
 
     base = load_config(["experiment=ppo_cartpole", *overrides])
     if not isinstance(base.algorithm, PPOEnvConfig):

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Discriminator, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from toolbox.config.schema import ExperimentConfig
 from toolbox.core.errors import ConfigError
@@ -52,13 +52,34 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
     return out
 
 
-def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge; ``over`` wins. A list index key ('callbacks.0.x') edits that list element."""
+def default_name(path: str) -> str | None:
+    """The ``name`` a named section (``algorithm``, ``task``, ``rollout.engine``, ...) has when a config omits it."""
+    model: Any = ExperimentConfig
+    value: Any = None
+    for part in path.split("."):
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        value = field.get_default(call_default_factory=True)
+        model = field.annotation
+    name = value.get("name") if isinstance(value, dict) else getattr(value, "name", None)
+    return name if isinstance(name, str) else None
+
+
+def merge(base: dict[str, Any], over: dict[str, Any], path: str = "") -> dict[str, Any]:
+    """Recursive dict merge; ``over`` wins. A list index key ('callbacks.0.x') edits that list element.
+
+    A named section whose ``name`` changes (``algorithm.name=online_dpo`` over a GRPO base) is replaced,
+    not merged: the previous component's options do not apply to the new one.
+    """
     out = dict(base)
     for key, value in over.items():
         current = out.get(key)
-        if isinstance(current, dict) and isinstance(value, dict):
-            out[key] = merge(current, value)
+        where = f"{path}.{key}" if path else key
+        if isinstance(current, dict) and isinstance(value, dict) and _renamed(current, value, where):
+            out[key] = value
+        elif isinstance(current, dict) and isinstance(value, dict):
+            out[key] = merge(current, value, where)
         elif isinstance(current, list) and isinstance(value, dict) and all(k.isdigit() for k in value):
             items = list(current)
             for idx, item in value.items():
@@ -70,6 +91,12 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def _renamed(current: dict[str, Any], value: dict[str, Any], path: str) -> bool:
+    if "name" not in value:
+        return False
+    return current.get("name", default_name(path)) != value["name"]
 
 
 def with_defaults(model: type[BaseModel], data: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -129,8 +156,7 @@ def load_config(args: list[str] | None = None) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
-        tagged = [k for k, f in ExperimentConfig.model_fields.items() if any(isinstance(m, Discriminator) for m in f.metadata)]
-        raise ConfigError(f"{path}: " + format_validation_error(err, "", tagged)) from None
+        raise ConfigError(f"{path}: " + format_validation_error(err, "")) from None
 
 
 def dump_config(cfg: ExperimentConfig, path: Path) -> None:

@@ -7,21 +7,16 @@ what spans sections: registry names and options, and the batch arithmetic.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
+from toolbox.config.algorithm import DEFAULT_ALGORITHM, AlgorithmConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.registry import Registry
 from toolbox.engines.base import ENGINES, SamplingConfig
 from toolbox.learner.config import LearnerConfig
 from toolbox.models.loading import ModelConfig
-from toolbox.objectives.dpo import DPOConfig
-from toolbox.objectives.grpo import GRPOConfig
-from toolbox.objectives.online_dpo import OnlineDPOConfig
-from toolbox.objectives.ppo import PPOEnvConfig
-from toolbox.objectives.ppo_lm import PPOConfig
-from toolbox.objectives.sft import SFTConfig
 from toolbox.rewards.base import REWARDS
 from toolbox.rewards.runner import RewardRunConfig
 from toolbox.rl.envs import EnvConfig
@@ -29,18 +24,23 @@ from toolbox.rl.envs import EnvConfig
 Spec = dict[str, Any]
 
 
-def _algorithm_name(value: Any) -> str:
-    """The ``name`` of an algorithm section (a dict or a config); a section without one is GRPO's."""
-    return value.get("name", "grpo") if isinstance(value, dict) else getattr(value, "name", "grpo")
+def algorithm_config(section: Any) -> AlgorithmConfig:
+    """The registered config class named by ``section['name']`` (default grpo), validating the section.
 
+    This is the config union, built from the algorithm registry: a plugin's algorithm needs no edit here.
+    """
+    if isinstance(section, AlgorithmConfig):
+        return section
+    if not isinstance(section, dict):
+        raise ValueError(f"must be a mapping with a 'name', got {type(section).__name__}")
+    from toolbox.algorithms import ALGORITHMS
 
-# Every algorithm's config, told apart by its ``name`` field. A new algorithm adds its
-# config class here (tagged with its name) and registers a recipe under the same name (toolbox.recipes).
-AlgorithmConfig = Annotated[
-    Annotated[GRPOConfig, Tag("grpo")] | Annotated[PPOConfig, Tag("ppo")] | Annotated[OnlineDPOConfig, Tag("online_dpo")] | Annotated[PPOEnvConfig, Tag("ppo_env")]
-    | Annotated[SFTConfig, Tag("sft")] | Annotated[DPOConfig, Tag("dpo")],
-    Discriminator(_algorithm_name),
-]
+    name = section.get("name", DEFAULT_ALGORITHM)
+    if name not in ALGORITHMS:
+        raise ValueError(f"name: {name!r} is not a registered algorithm; allowed: {ALGORITHMS.names()}")
+    config = ALGORITHMS.get(name).config
+    assert config is not None and issubclass(config, AlgorithmConfig), f"algorithm {name!r} registered no config class"
+    return config.model_validate(section)
 
 
 class RolloutConfig(BaseModel):
@@ -100,7 +100,9 @@ class ExperimentConfig(BaseModel):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout workers.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward workers.")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner group.")
-    algorithm: AlgorithmConfig = Field(default_factory=GRPOConfig, description="Algorithm hyper-parameters; `name` selects it.")
+    algorithm: SerializeAsAny[AlgorithmConfig] = Field(
+        default_factory=lambda: algorithm_config({}), description="Algorithm hyper-parameters; `name` selects it "
+        "(any registered algorithm, plugins included).")
     env: EnvConfig = Field(default_factory=EnvConfig, description="The gymnasium env (classic-RL algorithms such as ppo_env only).")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Driver loop.")
     callbacks: list[Spec] = Field(
@@ -108,6 +110,11 @@ class ExperimentConfig(BaseModel):
         description="Callback specs, each {'name': ..., **options}.",
     )
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray connection.")
+
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _algorithm(cls, value: Any) -> AlgorithmConfig:
+        return algorithm_config(value)
 
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
@@ -120,57 +127,10 @@ class ExperimentConfig(BaseModel):
         specs += [(CALLBACKS, f"callbacks.{i}", spec) for i, spec in enumerate(self.callbacks)]
         for registry, path, spec in specs:
             spec.update(registry.validate(spec, path))
-        if isinstance(self.algorithm, GRPOConfig):
-            self._check_grpo(self.algorithm)
-        if isinstance(self.algorithm, PPOEnvConfig):
-            self._check_ppo_env(self.algorithm)
-        if isinstance(self.algorithm, (SFTConfig, DPOConfig)):
-            self.algorithm.check_micro_batch(self.learner.num_workers, self.learner.micro_batch_size)
+        self.algorithm.check(self)
         if self.learner.strategy == "single" and self.learner.num_workers != 1:
             raise ConfigError(f"learner.strategy 'single' runs one rank; learner.num_workers is {self.learner.num_workers} "
                               "(use 'fsdp2' or 'ddp' for more)")
         if self.ray.local_mode and self.learner.num_workers != 1:
             raise ConfigError("ray.local_mode runs in-process and supports learner.num_workers=1 only")
         return self
-
-    def _check_grpo(self, a: GRPOConfig) -> None:
-        from toolbox.rl.advantages import ADVANTAGES
-
-        lr = self.learner
-        if a.advantage not in ADVANTAGES:
-            raise ConfigError(f"algorithm.advantage: {a.advantage!r} is not one of {ADVANTAGES.names()}")
-        rows = a.rollouts_per_step
-        per_rank, rem = divmod(rows, lr.num_workers)
-        if rem:
-            raise ConfigError(
-                f"batch arithmetic: algorithm.prompts_per_step x algorithm.group_size = {a.prompts_per_step} x "
-                f"{a.group_size} = {rows} rollouts do not split over learner.num_workers={lr.num_workers} ranks"
-            )
-        if isinstance(a, OnlineDPOConfig) and a.prompts_per_step % lr.num_workers:
-            raise ConfigError(f"batch arithmetic: online_dpo pairs within whole groups, so algorithm.prompts_per_step="
-                              f"{a.prompts_per_step} must split over learner.num_workers={lr.num_workers} ranks")
-        per_mini, rem = divmod(per_rank, a.mini_batches)
-        if rem or per_mini % lr.micro_batch_size:
-            raise ConfigError(
-                f"batch arithmetic: each learner rank gets {per_rank} rollouts per step, split into "
-                f"algorithm.mini_batches={a.mini_batches} mini-batches of learner.micro_batch_size={lr.micro_batch_size}; "
-                f"{per_rank} must be a multiple of {a.mini_batches * lr.micro_batch_size}"
-            )
-
-    def _check_ppo_env(self, a: PPOEnvConfig) -> None:
-        from toolbox.rl.envs import check_env
-
-        lr = self.learner
-        if lr.strategy not in {"single", "ddp"}:
-            raise ConfigError(f"learner.strategy: ppo_env trains a small MLP; use 'single' or 'ddp', not {lr.strategy!r}")
-        if a.target_return is not None and a.target_metric == "eval_return" and not self.trainer.eval_every:
-            raise ConfigError("algorithm.target_return is set but trainer.eval_every is 0: the run would never evaluate "
-                              "and so never stop at the target; set trainer.eval_every (e.g. 2)")
-        steps = self.rollout.num_workers * self.env.num_envs * a.steps_per_env
-        if steps % lr.num_workers or steps // lr.num_workers < a.minibatches:
-            raise ConfigError(
-                f"batch arithmetic: rollout.num_workers x env.num_envs x algorithm.steps_per_env = {steps} env steps per "
-                f"training step must split evenly over learner.num_workers={lr.num_workers} ranks into "
-                f"algorithm.minibatches={a.minibatches} minibatches"
-            )
-        check_env(self.env)  # an unknown id or an unsupported space fails here, before any actor starts

@@ -65,6 +65,23 @@ def gae(
     return adv_TN, adv_TN + values
 
 
+def grpo_advantages(rewards_B: torch.Tensor, group_size: int, estimator: str) -> torch.Tensor:
+    """Per-sequence advantages from rewards laid out group by group (``[B*G]`` -> ``[B*G]``)."""
+    if rewards_B.numel() % group_size:
+        raise ValueError(f"{rewards_B.numel()} rewards do not split into groups of {group_size}")
+    fn = ADVANTAGES.get(estimator).factory
+    return fn(rewards_B.view(-1, group_size)).reshape(-1)
+
+
+def overlong_shaping(lengths_B: torch.Tensor, max_len: int, buffer: int, penalty: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment, to be added to rewards: 0 up to ``max_len - buffer``, then
+    falling linearly to ``-penalty`` at ``max_len``."""
+    if buffer <= 0:
+        return torch.zeros(lengths_B.shape, dtype=torch.float32)
+    over = (lengths_B.float() - (max_len - buffer)).clamp(min=0.0)
+    return -penalty * (over / buffer).clamp(max=1.0)
+
+
 ADVANTAGES.register("group_norm")(group_normalized)
 ADVANTAGES.register("group_mean")(lambda rewards: group_normalized(rewards, scale=False))
 ADVANTAGES.register("rloo")(rloo)

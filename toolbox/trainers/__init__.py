@@ -1,7 +1,4 @@
-"""Algorithm loops (driver side): a fixed `BaseTrainer.fit` skeleton and one small `train_step` per algorithm."""
+"""Shared driver loops: the `BaseTrainer.fit` skeleton, the online policy loop, the offline loop.
 
-from toolbox.core.registry import Registry
-
-TRAINERS: Registry = Registry("trainer")
-
-from toolbox.trainers import dpo, grpo, ppo_env, sft  # noqa: E402,F401  (registers built-in trainers)
+An algorithm whose loop differs keeps it in its own package under `toolbox.algorithms`.
+"""

@@ -9,7 +9,7 @@ crosses to the driver.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import EventBus
@@ -19,11 +19,11 @@ from toolbox.trainers.base import BaseTrainer
 class OfflineTrainer(BaseTrainer):
     """One optimizer step per ``train_step``; ``summary_metrics`` get first/last-10% means in the summary."""
 
-    summary_metrics: ClassVar[tuple[str, ...]] = ("loss",)
-
-    def __init__(self, cfg: TrainerConfig, bus: EventBus, learner: Any, run_dir: Path, experiment: str = "") -> None:
+    def __init__(self, cfg: TrainerConfig, bus: EventBus, learner: Any, run_dir: Path, experiment: str = "",
+                 summary_metrics: tuple[str, ...] = ("loss",)) -> None:
         super().__init__(cfg, bus, experiment)
         self.learner, self.run_dir = learner, run_dir
+        self.summary_metrics = summary_metrics
 
     def prepare(self) -> int:
         if not self.cfg.resume_from:

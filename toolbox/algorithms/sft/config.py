@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator
 
+from toolbox.config.algorithm import AlgorithmConfig
 from toolbox.data.offline import OfflineDataConfig
 from toolbox.objectives.families import check_objective
 
+if TYPE_CHECKING:
+    from toolbox.config.schema import ExperimentConfig
 
-class SFTConfig(OfflineDataConfig):
+
+class SFTConfig(AlgorithmConfig, OfflineDataConfig):
     """The algorithm section of an SFT experiment (``batch_size`` counts examples)."""
 
-    name: Literal["sft"] = Field("sft", description="Algorithm: selects the trainer and recipe.")
+    name: Literal["sft"] = Field("sft", description="Algorithm: selects the config, learner, loop and wiring.")
     objective: str = Field("sft", description="Supervised objective: 'sft' (mean over every target token of the "
                            "global batch) or 'seq' (mean over examples of each example's token mean).")
     packing: bool = Field(True, description="Pack several examples per row of max_length tokens (document-bounded attention).")
@@ -26,3 +30,6 @@ class SFTConfig(OfflineDataConfig):
     def check_micro_batch(self, num_workers: int, micro_batch_size: int) -> None:
         """Packed rows are data-dependent in number, so only unpacked batches must split into whole micro-batches."""
         self.check_batch(num_workers, micro_batch_size, "examples", strict_micro=not self.packing)
+
+    def check(self, exp: ExperimentConfig) -> None:
+        self.check_micro_batch(exp.learner.num_workers, exp.learner.micro_batch_size)

@@ -15,13 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from toolbox.algorithms.dpo.config import DPOConfig
 from toolbox.data.encode import Example, encode_preference
 from toolbox.data.offline import Record
 from toolbox.data.packing import TokenBatch, pad_examples
 from toolbox.learner.base import chunks_of
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.offline import OfflineLearner
-from toolbox.objectives.dpo import DPOConfig
 from toolbox.objectives.preference import dpo_loss, implicit_rewards
 from toolbox.objectives.supervised import shift_targets, token_logprobs
 

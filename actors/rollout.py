@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
-from toolbox.actors.resolve import node_info, resolve, share
 from toolbox.engines import PromptRequest, SamplingConfig
+
+from .resolve import node_info, resolve, share
 
 
 class RolloutWorker:

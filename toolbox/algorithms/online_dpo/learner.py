@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from toolbox.learner.base import chunks_of, no_grad_rows, rank_slice
+from toolbox.algorithms.grpo.learner import sequence_logprobs
+from toolbox.algorithms.online_dpo.config import OnlineDPOConfig
+from toolbox.learner.base import LearnerBase, chunks_of, no_grad_rows, rank_slice
 from toolbox.learner.config import LearnerConfig
-from toolbox.learner.learner import Learner, sequence_logprobs
-from toolbox.objectives.online_dpo import OnlineDPOConfig, best_worst_pairs
+from toolbox.objectives.online_dpo import best_worst_pairs
 from toolbox.objectives.preference import dpo_loss, preference_logits
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import RolloutBatch
 
 
-class OnlineDPOLearner(Learner):
+class OnlineDPOLearner(LearnerBase):
     """Each rank pairs the best and worst sample of each of its groups; tied groups weigh nothing.
 
     Every rank processes the same number of pairs (one per group), so FSDP's collectives
@@ -21,10 +22,9 @@ class OnlineDPOLearner(Learner):
     """
 
     def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: OnlineDPOConfig, total_steps: int) -> None:
-        super().__init__(model_path, dtype, cfg, algo, total_steps)
-        self.algo: OnlineDPOConfig = algo
-        if self.ref is None:  # DPO always measures the policy against the frozen reference
-            self.ref = self.frozen_copy()
+        # DPO always measures the policy against the frozen reference.
+        super().__init__(model_path, dtype, cfg, total_steps, frozen_reference=True)
+        self.algo = algo
 
     def update(self, batches: list[RolloutBatch], results: list[RewardResult],
                keep_groups: list[int] | None = None) -> dict[str, float]:

@@ -1,4 +1,8 @@
-"""The GRPO driver step: rollout -> reward -> learner update -> weight sync, all by object ref."""
+"""The online policy loop: rollout -> reward -> learner update -> weight sync, all by object ref.
+
+Shared by every algorithm that learns from its own samples (GRPO and its variants, PPO with a
+critic, online DPO): they differ in their learner, not in this loop.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from toolbox.algorithms.pieces import DynamicSampling, GroupSampling
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import Event, EventBus
 from toolbox.data.prompts import PromptSource, split_even, split_groups
 from toolbox.engines.base import SamplingConfig
-from toolbox.objectives.grpo import GRPOConfig, choose_groups
-from toolbox.trainers import TRAINERS
+from toolbox.rl.sampling import choose_groups
 from toolbox.trainers.base import BaseTrainer
 
 
@@ -20,14 +24,18 @@ def mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
 
 
-@TRAINERS.register("grpo")
-class GRPOTrainer(BaseTrainer):
-    """Group-relative policy optimisation; variants are configuration of `GRPOConfig`."""
+class OnlineTrainer(BaseTrainer):
+    """Samples ``algo.prompts_per_step`` groups per step, scores them, updates the learner, syncs the weights.
 
-    def __init__(self, cfg: TrainerConfig, bus: EventBus, algo: GRPOConfig, sampling: SamplingConfig,
-                 prompts: PromptSource, rollout: Any, reward: Any, learner: Any, run_dir: Path, experiment: str = "") -> None:
+    ``dynamic`` (DAPO) draws more rounds of prompts until enough groups carry signal.
+    """
+
+    def __init__(self, cfg: TrainerConfig, bus: EventBus, algo: GroupSampling, sampling: SamplingConfig,
+                 prompts: PromptSource, rollout: Any, reward: Any, learner: Any, run_dir: Path, experiment: str = "",
+                 dynamic: DynamicSampling | None = None) -> None:
         super().__init__(cfg, bus, experiment)
         self.algo, self.sampling, self.prompts = algo, sampling, prompts
+        self.dynamic = dynamic if dynamic is not None and dynamic.dynamic_sampling else None
         self.rollout, self.reward, self.learner = rollout, reward, learner
         self.run_dir = run_dir
 
@@ -39,26 +47,26 @@ class GRPOTrainer(BaseTrainer):
         return start
 
     def train_step(self, step: int) -> dict[str, float]:
-        a = self.algo
+        a, dyn = self.algo, self.dynamic
         batch_refs: list[Any] = []
         reward_refs: list[Any] = []
         rounds: list[dict[int, bool]] = []
         timing = {"generate_s": 0.0, "reward_s": 0.0, "rows": 0.0}
-        for r in range(a.max_sampling_rounds if a.dynamic_sampling else 1):
+        for r in range(dyn.max_sampling_rounds if dyn else 1):
             gen, scored = self._rollout_round(step, r, timing)
             batch_refs += [g["batch"] for g in gen]
             reward_refs += [s["result"] for s in scored]
             rounds.append({g: ok for s in scored for g, ok in s["informative"].items()})
             if sum(ok for rd in rounds for ok in rd.values()) >= a.prompts_per_step:
                 break
-        keep = choose_groups(rounds, a.prompts_per_step) if a.dynamic_sampling else None
+        keep = choose_groups(rounds, a.prompts_per_step) if dyn else None
         self.bus.emit(Event.ROLLOUT_END, {"step": step + 1, "rounds": len(rounds), "rows": int(timing.pop("rows"))})
         t0 = time.perf_counter()
         metrics = mean_over_ranks(self.learner.call("update", [(batch_refs, reward_refs, keep)] * len(self.learner)))
         t1 = time.perf_counter()
         self.sync_weights()
         metrics.update(timing, train_s=t1 - t0, sync_s=time.perf_counter() - t1)
-        if a.dynamic_sampling:
+        if dyn:
             metrics["sampling_rounds"] = float(len(rounds))
             metrics["informative_groups"] = float(sum(ok for rd in rounds for ok in rd.values()))
         return metrics

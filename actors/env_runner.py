@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
-from toolbox.actors.resolve import node_info, resolve, share
 from toolbox.rl.env_runner import EnvRunner
+
+from .resolve import node_info, resolve, share
 
 
 class EnvRunnerWorker:

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from toolbox.config.algorithm import AlgorithmConfig
 from toolbox.data.offline import Kind, OfflineDataConfig
 from toolbox.objectives.families import check_objective
 
+if TYPE_CHECKING:
+    from toolbox.config.schema import ExperimentConfig
 
-class DPOConfig(OfflineDataConfig):
+
+class DPOConfig(AlgorithmConfig, OfflineDataConfig):
     """The algorithm section of an offline DPO experiment (``batch_size`` counts preference pairs)."""
 
-    name: Literal["dpo"] = Field("dpo", description="Algorithm: selects the trainer and recipe.")
+    name: Literal["dpo"] = Field("dpo", description="Algorithm: selects the config, learner, loop and wiring.")
     loss_type: str = Field("sigmoid", description="Preference loss: 'sigmoid' (DPO), 'ipo' or 'hinge' (SLiC).")
     beta: float = Field(0.1, gt=0, description="Strength of the implicit KL to the frozen reference.")
     label_smoothing: float = Field(0.0, ge=0, le=0.5, description="Conservative DPO: probability a label is flipped (sigmoid only).")
@@ -38,3 +42,6 @@ class DPOConfig(OfflineDataConfig):
 
     def check_micro_batch(self, num_workers: int, micro_batch_size: int) -> None:
         self.check_batch(num_workers, micro_batch_size, "preference pairs")
+
+    def check(self, exp: ExperimentConfig) -> None:
+        self.check_micro_batch(exp.learner.num_workers, exp.learner.micro_batch_size)

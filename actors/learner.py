@@ -16,8 +16,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from toolbox.actors.resolve import node_info, resolve, share
 from toolbox.core.seeding import seed_everything
+
+from .resolve import node_info, resolve, share
 
 
 class LearnerWorker:

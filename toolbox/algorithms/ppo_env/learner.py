@@ -15,11 +15,12 @@ from collections.abc import Callable
 
 import torch
 
+from toolbox.algorithms.ppo_env.config import PPOEnvConfig
 from toolbox.learner.base import TrainableRank
 from toolbox.learner.config import LearnerConfig, OptimConfig
 from toolbox.learner.strategy import wrap
 from toolbox.models.mlp import ActorCritic
-from toolbox.objectives.ppo import PPOEnvConfig, ppo_env_loss
+from toolbox.objectives.ppo import ppo_env_loss
 from toolbox.rl.advantages import gae
 from toolbox.rl.envs import SpaceSpec
 from toolbox.rl.trajectory import TrajectoryBatch
@@ -124,7 +125,9 @@ class PPOEnvLearner(TrainableRank):
         adv = mb["advantages"]
         if self.algo.normalize_advantages and len(adv) > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        terms = ppo_env_loss(self.algo, logp, mb["logp"], adv, entropy, values, mb["values"], mb["returns"])
+        a = self.algo
+        terms = ppo_env_loss(logp, mb["logp"], adv, entropy, values, mb["values"], mb["returns"], clip=a.clip,
+                             value_clip=a.value_clip, vf_coef=a.vf_coef, ent_coef=a.ent_coef)
         if self.algo.target_kl is not None and self.global_sum([terms.approx_kl])[0] / self.world > self.algo.target_kl:
             return False
         self.optimizer.zero_grad(set_to_none=True)

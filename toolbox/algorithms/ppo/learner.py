@@ -7,27 +7,28 @@ from pathlib import Path
 
 import torch
 
+from toolbox.algorithms.grpo.learner import GRPOLearner, sequence_logprobs
+from toolbox.algorithms.ppo.config import PPOConfig
 from toolbox.learner.base import build_optimizer, chunks_of, no_grad_rows, rank_slice, split_into
 from toolbox.learner.checkpoint import load_checkpoint, save_checkpoint
 from toolbox.learner.config import LearnerConfig
-from toolbox.learner.learner import Learner, sequence_logprobs
 from toolbox.learner.strategy import wrap
 from toolbox.models.value import load_value_model, response_values
 from toolbox.objectives.aggregate import aggregate
 from toolbox.objectives.kl import kl_penalty
 from toolbox.objectives.policy import clipped_policy_terms
-from toolbox.objectives.ppo_lm import PPOConfig, token_gae, token_rewards
+from toolbox.objectives.ppo_lm import token_gae, token_rewards
 from toolbox.objectives.value import clipped_value_terms
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import RolloutBatch
 
 
-class PPOLearner(Learner):
+class PPOLearner(GRPOLearner):
     """PPO with a learned value function; reuses the GRPO learner's policy, reference and log-prob code."""
 
     def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: PPOConfig, total_steps: int) -> None:
-        super().__init__(model_path, dtype, cfg, algo, total_steps)
-        self.algo: PPOConfig = algo
+        super().__init__(model_path, dtype, cfg, algo, total_steps)  # type: ignore[arg-type]
+        self.algo: PPOConfig = algo  # type: ignore[assignment]
         self.critic = wrap(load_value_model(model_path, dtype).train(), cfg.strategy)
         steps = total_steps * algo.ppo_epochs * algo.mini_batches
         self.critic_opt, self.critic_sched = build_optimizer(self.critic, cfg.optim.model_copy(update={"lr": algo.critic_lr}), steps)

@@ -7,12 +7,13 @@ from typing import Any
 
 import torch
 
-from toolbox.actors.resolve import node_info, share
 from toolbox.models.loading import load_tokenizer
-from toolbox.objectives.grpo import informative_groups
 from toolbox.rewards import REWARDS
 from toolbox.rewards.runner import RewardRunConfig, decode_samples, score_samples
 from toolbox.rl.batch import RolloutBatch
+from toolbox.rl.sampling import informative_groups
+
+from .resolve import node_info, share
 
 
 class RewardWorker:

@@ -12,12 +12,11 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from toolbox.algorithms.ppo_env.config import PPOEnvConfig
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import Event, EventBus
-from toolbox.objectives.ppo import PPOEnvConfig
-from toolbox.trainers import TRAINERS
 from toolbox.trainers.base import BaseTrainer
-from toolbox.trainers.grpo import mean_over_ranks
+from toolbox.trainers.online import mean_over_ranks
 
 EVAL_SEED_BASE = 10**9  # evaluation seeds sit far above the training envs' (seed * 10**5 + rank * 10**3 + i)
 
@@ -32,7 +31,6 @@ def split_counts(total: int, parts: int) -> list[int]:
     return [total // parts + (i < total % parts) for i in range(parts)]
 
 
-@TRAINERS.register("ppo_env")
 class PPOEnvTrainer(BaseTrainer):
     """PPO on gymnasium envs with env-runner actors and a learner group."""
 

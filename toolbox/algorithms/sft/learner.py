@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from toolbox.algorithms.sft.config import SFTConfig
 from toolbox.data.encode import Example, encode_sft
 from toolbox.data.offline import Record
 from toolbox.data.packing import TokenBatch, check_packing, pack_examples, pad_examples
 from toolbox.learner.base import chunks_of
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.offline import OfflineLearner
-from toolbox.objectives.sft import SFTConfig
 from toolbox.objectives.supervised import document_mean_nll, document_weights, masked_nll, shift_targets
 
 

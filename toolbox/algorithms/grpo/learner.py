@@ -1,4 +1,4 @@
-"""`Learner`: one rank of the policy learner group (model, reference, optimizer, GRPO update).
+"""`GRPOLearner`: one rank of the GRPO learner group (model, reference, optimizer, GRPO update).
 
 Plain torch; the `LearnerWorker` actor owns process-group setup and calls this.
 """
@@ -10,10 +10,12 @@ from collections import defaultdict
 import torch
 from torch import nn
 
+from toolbox.algorithms.grpo.config import GRPOConfig
 from toolbox.learner.base import LearnerBase, chunks_of, no_grad_rows, rank_slice, split_into
 from toolbox.learner.config import LearnerConfig
-from toolbox.objectives.grpo import GRPOConfig, grpo_advantages, grpo_loss, overlong_shaping
+from toolbox.objectives.grpo import grpo_loss
 from toolbox.rewards.base import RewardResult
+from toolbox.rl.advantages import grpo_advantages, overlong_shaping
 from toolbox.rl.batch import FINISH_LENGTH, RolloutBatch
 
 
@@ -27,7 +29,7 @@ def sequence_logprobs(model: nn.Module, batch: RolloutBatch, temperature: float)
     return logp * batch.response_mask_BR
 
 
-class Learner(LearnerBase):
+class GRPOLearner(LearnerBase):
     """One GRPO learner rank. Every public method is collective: all ranks call it together."""
 
     def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: GRPOConfig, total_steps: int) -> None:
@@ -92,7 +94,9 @@ class Learner(LearnerBase):
             logp = sequence_logprobs(self.policy, part, self.algo.temperature)
             old = logp.detach() if old_logp is None else old_logp[mb]
             ref = None if ref_logp is None else ref_logp[mb]
-            terms = grpo_loss(self.algo, logp, old, ref, adv_B[mb], part.response_mask_BR, tokens, seqs, norm_length)
+            a = self.algo
+            terms = grpo_loss(logp, old, ref, adv_B[mb], part.response_mask_BR, tokens, seqs, norm_length,
+                              clip_low=a.clip_low, clip_high=a.clip_high, agg=a.agg, kl_coef=a.kl_coef, kl_kind=a.kl_kind)
             terms.loss.backward()
             for k, v in (("pg_loss", terms.pg_loss), ("kl", terms.kl), ("clip_frac", terms.clip_frac),
                          ("loss", float(terms.loss.detach()))):

@@ -1,0 +1,78 @@
+"""The algorithm registry and the wiring shared by several algorithms (online policy loop, offline loop)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from toolbox.algorithms.pieces import DynamicSampling, GroupSampling
+from toolbox.config.algorithm import AlgorithmConfig
+from toolbox.core.events import EventBus
+from toolbox.core.registry import Registry
+from toolbox.trainers.base import BaseTrainer
+
+if TYPE_CHECKING:
+    from toolbox.experiment import ExperimentBuilder
+
+Wiring = Callable[["ExperimentBuilder", EventBus], BaseTrainer]
+
+ALGORITHMS: Registry[BaseTrainer] = Registry("algorithm")
+
+
+def register_algorithm(name: str, config: type[AlgorithmConfig]) -> Callable[[Wiring], Wiring]:
+    """Decorator on an algorithm's wiring: ``@register_algorithm("grpo", GRPOConfig)``.
+
+    ``config.name`` must default to ``name`` (a ``Literal[name]`` field), so a section that
+    names the algorithm validates into this class.
+    """
+    default = config.model_fields["name"].default
+    if default != name:
+        raise ValueError(f"algorithm {name!r}: {config.__name__}.name defaults to {default!r}; make it "
+                         f"`name: Literal[{name!r}] = {name!r}`")
+    return ALGORITHMS.register(name, config=config)
+
+
+def policy_wiring(builder: ExperimentBuilder, bus: EventBus, learner_cls: type, algo: GroupSampling,
+                  dynamic: DynamicSampling | None = None) -> BaseTrainer:
+    """Rollout workers, reward workers and a learner group of ``learner_cls`` around the online policy loop."""
+    from toolbox.actors.reward import RewardWorker
+    from toolbox.actors.rollout import RolloutWorker
+    from toolbox.data.prompts import PromptSource
+    from toolbox.data.tasks import TASKS
+    from toolbox.engines import ENGINES
+    from toolbox.models.loading import load_tokenizer
+    from toolbox.trainers.online import OnlineTrainer
+
+    c, path = builder.cfg, builder.model_path
+    rollout = builder.group(
+        "rollout", RolloutWorker, c.rollout.num_workers,
+        lambda r: dict(rank=r, build=partial(build_engine, ENGINES, c.rollout.engine, path, c.model.dtype, c.trainer.seed)),
+        c.rollout.timeout_s, c.rollout.cpus_per_worker, c.rollout.gpus_per_worker,
+    )
+    reward = builder.group(
+        "reward", RewardWorker, c.reward.num_workers,
+        lambda r: dict(rank=r, spec=c.reward.spec, run=c.reward.run, model_path=path),
+        c.reward.timeout_s, c.reward.cpus_per_worker, 0.0,
+    )
+    learner = builder.learner_group(partial(learner_cls, path, c.model.dtype, c.learner, algo, c.trainer.total_steps))
+    prompts = PromptSource(TASKS.build(c.task), load_tokenizer(path), c.trainer.seed)
+    return OnlineTrainer(builder.trainer_config(), bus, algo, c.rollout.sampling, prompts, rollout, reward, learner,
+                         builder.run_dir, c.experiment, dynamic=dynamic)
+
+
+def build_engine(engines: Registry, spec: dict[str, Any], model_path: str, dtype: str, seed: int, rank: int) -> Any:
+    """Rollout worker ``rank``'s engine (each rank samples with its own seed)."""
+    return engines.build(spec, inject={"model_path": model_path, "dtype": dtype, "seed": seed + 1000 * rank})
+
+
+def offline_wiring(builder: ExperimentBuilder, bus: EventBus, learner_cls: type,
+                   summary_metrics: tuple[str, ...] = ("loss",)) -> BaseTrainer:
+    """A learner group of ``learner_cls`` ranks (each reads the dataset itself) driven by the offline loop."""
+    from toolbox.trainers.offline import OfflineTrainer
+
+    c = builder.cfg
+    build = partial(learner_cls, builder.model_path, c.model.dtype, c.learner, c.algorithm, c.trainer.total_steps,
+                    c.task, c.trainer.seed)
+    learner = builder.learner_group(build)
+    return OfflineTrainer(builder.trainer_config(), bus, learner, builder.run_dir, c.experiment, summary_metrics)

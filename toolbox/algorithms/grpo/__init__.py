@@ -1,0 +1,22 @@
+"""GRPO and its variants (Dr. GRPO, DAPO, RLOO, REINFORCE++): config, learner, and the online policy loop."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from toolbox.algorithms.base import policy_wiring, register_algorithm
+from toolbox.algorithms.grpo.config import GRPOConfig
+from toolbox.core.events import EventBus
+from toolbox.trainers.base import BaseTrainer
+
+if TYPE_CHECKING:
+    from toolbox.experiment import ExperimentBuilder
+
+
+@register_algorithm("grpo", GRPOConfig)
+def wire(builder: ExperimentBuilder, bus: EventBus) -> BaseTrainer:
+    """Rollout -> reward -> learner for GRPO; DAPO's dynamic sampling tops the batch up with more rounds."""
+    from toolbox.algorithms.grpo.learner import GRPOLearner
+
+    algo = builder.algorithm(GRPOConfig)
+    return policy_wiring(builder, bus, GRPOLearner, algo, dynamic=algo)

@@ -1,0 +1,21 @@
+"""Online DPO: config, learner (best vs worst sample of each group); the online policy loop."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from toolbox.algorithms.base import policy_wiring, register_algorithm
+from toolbox.algorithms.online_dpo.config import OnlineDPOConfig
+from toolbox.core.events import EventBus
+from toolbox.trainers.base import BaseTrainer
+
+if TYPE_CHECKING:
+    from toolbox.experiment import ExperimentBuilder
+
+
+@register_algorithm("online_dpo", OnlineDPOConfig)
+def wire(builder: ExperimentBuilder, bus: EventBus) -> BaseTrainer:
+    """The online policy loop with a learner that pairs each group's best and worst sample."""
+    from toolbox.algorithms.online_dpo.learner import OnlineDPOLearner
+
+    return policy_wiring(builder, bus, OnlineDPOLearner, builder.algorithm(OnlineDPOConfig))

@@ -1,0 +1,89 @@
+"""Small config pieces that algorithm configs compose: group sampling, policy epochs, clipping, KL, dynamic
+sampling, overlong handling.
+
+An algorithm's config class lists the pieces it uses (``class PPOConfig(AlgorithmConfig, GroupSampling,
+PolicyEpochs, Clip, KL)``), never a sibling algorithm's config: with ``extra="forbid"``,
+a field of a piece the algorithm does not list is an error at start that names it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolbox.core.errors import ConfigError
+from toolbox.objectives.kl import KLKind
+
+if TYPE_CHECKING:
+    from toolbox.config.schema import ExperimentConfig
+
+
+class Piece(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GroupSampling(Piece):
+    """How many prompts a step samples and how many completions each gets."""
+
+    prompts_per_step: int = Field(16, ge=1, description="Distinct prompts sampled per step.")
+    group_size: int = Field(8, ge=1, description="Completions sampled per prompt (G).")
+    temperature: float = Field(1.0, gt=0, description="Temperature the learner applies to logits (match sampling).")
+
+    @property
+    def rollouts_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+
+class PolicyEpochs(Piece):
+    """PPO-style reuse of a rollout batch: epochs over it, optimizer steps per epoch."""
+
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    mini_batches: int = Field(1, ge=1, description="Optimizer steps per epoch (the batch is split into this many).")
+
+
+class Clip(Piece):
+    """The clipped surrogate's ratio range (asymmetric: DAPO's clip-higher)."""
+
+    clip_low: float = Field(0.2, ge=0, description="Lower PPO clip range: ratio >= 1 - clip_low.")
+    clip_high: float = Field(0.2, ge=0, description="Upper PPO clip range: ratio <= 1 + clip_high (DAPO's clip-higher).")
+
+
+class KL(Piece):
+    """A KL term to the frozen initial policy."""
+
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL-to-reference term; 0 skips the reference model.")
+    kl_kind: KLKind = Field("k3", description="KL estimator: k1, k2 or k3.")
+
+
+class DynamicSampling(Piece):
+    """DAPO's dynamic sampling: groups whose rewards are all equal are dropped and the batch topped up."""
+
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal, top the batch up.")
+    max_sampling_rounds: int = Field(3, ge=1, description="Rollout rounds per step at most when topping the batch up.")
+
+
+class Overlong(Piece):
+    """DAPO's handling of responses cut at ``max_new_tokens``."""
+
+    overlong_filter: bool = Field(False, description="DAPO: leave responses cut at max_new_tokens out of the loss.")
+    overlong_buffer: int = Field(0, ge=0, description="DAPO soft overlong punishment: the last N tokens before the limit.")
+    overlong_penalty: float = Field(1.0, ge=0, description="Reward subtracted (linearly over the buffer) at the length limit.")
+
+
+def check_rollout_batch(exp: ExperimentConfig, a: GroupSampling, mini_batches: int = 1) -> None:
+    """Rollouts of a step must split over the learner ranks, and each rank's share into whole micro-batches."""
+    lr, rows = exp.learner, a.rollouts_per_step
+    per_rank, rem = divmod(rows, lr.num_workers)
+    if rem:
+        raise ConfigError(
+            f"batch arithmetic: algorithm.prompts_per_step x algorithm.group_size = {a.prompts_per_step} x "
+            f"{a.group_size} = {rows} rollouts do not split over learner.num_workers={lr.num_workers} ranks"
+        )
+    per_mini, rem = divmod(per_rank, mini_batches)
+    if rem or per_mini % lr.micro_batch_size:
+        raise ConfigError(
+            f"batch arithmetic: each learner rank gets {per_rank} rollouts per step, split into "
+            f"algorithm.mini_batches={mini_batches} mini-batches of learner.micro_batch_size={lr.micro_batch_size}; "
+            f"{per_rank} must be a multiple of {mini_batches * lr.micro_batch_size}"
+        )

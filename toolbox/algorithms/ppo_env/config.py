@@ -1,0 +1,60 @@
+"""The classic-RL section: PPO on a gymnasium env (rollout length, GAE, epochs, clipping, early stop)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+from pydantic import Field
+
+from toolbox.config.algorithm import AlgorithmConfig
+from toolbox.core.errors import ConfigError
+from toolbox.models.mlp import PolicyConfig
+
+if TYPE_CHECKING:
+    from toolbox.config.schema import ExperimentConfig
+
+
+class PPOEnvConfig(AlgorithmConfig):
+    """The algorithm section of a classic-RL experiment (PPO on a gymnasium env)."""
+
+    name: Literal["ppo_env"] = Field("ppo_env", description="Algorithm: selects the config, learner, loop and wiring.")
+    steps_per_env: int = Field(128, ge=1, description="Steps each env copy takes per training step (rollout length T).")
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (1: Monte Carlo returns, 0: one-step TD).")
+    epochs: int = Field(4, ge=1, description="Passes over each rollout batch.")
+    minibatches: int = Field(4, ge=1, description="Optimizer steps per epoch (the batch is shuffled and split).")
+    clip: float = Field(0.2, gt=0, description="Policy ratio clip range: ratio in [1 - clip, 1 + clip].")
+    value_clip: float = Field(0.2, ge=0, description="Clip value updates to +-value_clip around the old values (0: unclipped).")
+    vf_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
+    ent_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
+    target_kl: float | None = Field(None, gt=0, description="Stop the epochs early once approx KL exceeds this (null: never).")
+    normalize_advantages: bool = Field(True, description="Whiten advantages per minibatch.")
+    scale_rewards: bool = Field(False, description="Divide rewards by the running std of the discounted return (saved with the weights).")
+    reward_clip: float = Field(10.0, gt=0, description="Clip scaled rewards to [-reward_clip, reward_clip].")
+    target_return: float | None = Field(None, description="Stop once `target_metric` reaches this (null: run to the budget).")
+    target_metric: Literal["eval_return", "episode_return"] = Field(
+        "eval_return", description="What target_return is compared with: the mean return of the last evaluation, or "
+        "`episode_return`, the mean of the last `return_window` training episodes (RLlib's episode_return_mean).")
+    eval_episodes: int = Field(20, ge=1, description="Episodes per evaluation (deterministic policy, fresh seeds), split over runners.")
+    return_window: int = Field(100, ge=1, description="Training episodes the reported `episode_return` averages over.")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="Policy/value networks and observation normalisation.")
+    # Env runners are configured by the rollout section (workers, CPUs, timeout).
+    roles: ClassVar[tuple[str, ...]] = ("rollout", "learner")
+
+    def check(self, exp: ExperimentConfig) -> None:
+        from toolbox.rl.envs import check_env
+
+        lr = exp.learner
+        if lr.strategy not in {"single", "ddp"}:
+            raise ConfigError(f"learner.strategy: ppo_env trains a small MLP; use 'single' or 'ddp', not {lr.strategy!r}")
+        if self.target_return is not None and self.target_metric == "eval_return" and not exp.trainer.eval_every:
+            raise ConfigError("algorithm.target_return is set but trainer.eval_every is 0: the run would never evaluate "
+                              "and so never stop at the target; set trainer.eval_every (e.g. 2)")
+        steps = exp.rollout.num_workers * exp.env.num_envs * self.steps_per_env
+        if steps % lr.num_workers or steps // lr.num_workers < self.minibatches:
+            raise ConfigError(
+                f"batch arithmetic: rollout.num_workers x env.num_envs x algorithm.steps_per_env = {steps} env steps per "
+                f"training step must split evenly over learner.num_workers={lr.num_workers} ranks into "
+                f"algorithm.minibatches={self.minibatches} minibatches"
+            )
+        check_env(exp.env)  # an unknown id or an unsupported space fails here, before any actor starts

@@ -1,0 +1,21 @@
+"""Supervised fine-tuning: config (data, packing, objective), learner; the offline loop."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from toolbox.algorithms.base import offline_wiring, register_algorithm
+from toolbox.algorithms.sft.config import SFTConfig
+from toolbox.core.events import EventBus
+from toolbox.trainers.base import BaseTrainer
+
+if TYPE_CHECKING:
+    from toolbox.experiment import ExperimentBuilder
+
+
+@register_algorithm("sft", SFTConfig)
+def wire(builder: ExperimentBuilder, bus: EventBus) -> BaseTrainer:
+    """SFT on a JSONL file or a built-in task's prompt/answer pairs; the summary tracks the loss."""
+    from toolbox.algorithms.sft.learner import SFTLearner
+
+    return offline_wiring(builder, bus, SFTLearner, ("loss",))

@@ -1,0 +1,24 @@
+"""DAPO's dynamic sampling: which groups carry signal, and which to train on after several rounds."""
+
+from __future__ import annotations
+
+import torch
+
+
+def informative_groups(values_B: torch.Tensor, ok_B: torch.Tensor, group_B: torch.Tensor) -> dict[int, bool]:
+    """Per group id: whether its scored rewards differ (a group of equal rewards has zero advantage)."""
+    out: dict[int, bool] = {}
+    for g in group_B.unique().tolist():
+        rows = (group_B == g) & ok_B
+        vals = values_B[rows]
+        out[int(g)] = bool(vals.numel() > 1 and (vals.max() - vals.min()) > 1e-9)
+    return out
+
+
+def choose_groups(rounds: list[dict[int, bool]], need: int) -> list[int]:
+    """DAPO dynamic sampling: the first ``need`` informative groups over the rounds, in order; if too few,
+    filled up with uninformative ones (zero advantage: they keep the batch shape, move nothing)."""
+    flags = [(g, ok) for r in rounds for g, ok in sorted(r.items())]
+    chosen = [g for g, ok in flags if ok][:need]
+    chosen += [g for g, ok in flags if not ok][: need - len(chosen)]
+    return sorted(chosen)
