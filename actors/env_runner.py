@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from toolbox.rl.env_runner import EnvRunner
+from toolbox.envs.env_runner import EnvRunner
+from toolbox.trainers.roles import EnvRollout
 
 from .resolve import node_info, resolve, share
 
@@ -24,15 +25,17 @@ class EnvRunnerWorker:
     def ready(self) -> dict[str, str]:
         return node_info()
 
-    def rollout(self, num_steps: int) -> dict[str, Any]:
-        """``{"batch": ref, "steps", "returns", "lengths", "seconds"}``: bulk by ref, episode stats by value."""
+    def rollout(self, num_steps: int) -> EnvRollout:
+        """The trajectory by ref (the object store keeps it for the learner ranks), the episode stats by value."""
         start = time.perf_counter()
         batch, episodes = self.runner.rollout(num_steps)
-        return {"batch": share(batch), "steps": batch.num_steps, "returns": episodes.returns,
-                "lengths": episodes.lengths, "seconds": time.perf_counter() - start}
+        return EnvRollout(share(batch), batch.num_steps, episodes.returns, episodes.lengths, time.perf_counter() - start)
 
-    def update_weights(self, bucket_refs: list[Any]) -> int:
-        return self.runner.load_weights(resolve(bucket_refs))
+    def update_weights(self, bucket_refs: list[Any]) -> float:
+        """Load the exported buckets; returns the seconds it took."""
+        start = time.perf_counter()
+        self.runner.load_weights(resolve(bucket_refs))
+        return time.perf_counter() - start
 
     def evaluate(self, num_episodes: int, seed: int) -> list[float]:
         return self.runner.evaluate(num_episodes, seed)

@@ -1,25 +1,27 @@
 """Worker groups: N actors of one role in a placement group, with every call bounded by a timeout.
 
 `WorkerGroup` (Ray) and `LocalGroup` (in-process, for tests and ``ray.local_mode``)
-share one interface, so trainers never touch ``ray`` and tests can hand them fakes:
+share one interface, which the typed role facades in `toolbox.actors.roles` build on
+(trainers never call a group by method name):
 
 - ``submit(method, args_list, ranks)`` starts one call per entry of ``args_list``
-  (rank ``ranks[i]``, default ``i`` modulo the group size) and returns pending handles;
-- ``get(pending)`` waits for them and returns the results;
-- ``call`` is both.
+  (rank ``ranks[i]``, default ``i`` modulo the group size) and returns a `Pending`;
+- `toolbox.core.pending.wait` waits for pendings of several groups at once, and
+  ``Pending.result()`` fetches one's results;
+- ``call`` is submit + result.
 
-Workers return small values only: metrics, and object refs to bulk data they put in
-the object store themselves (see `toolbox.actors.resolve.share`), so the driver
-never holds a batch. A call that overruns the role's timeout, or an actor that dies
-or raises, becomes a `WorkerError` naming the role, the rank and the node: the run
-fails loudly instead of hanging.
+An argument may be another call's pending handle (an object ref): Ray starts the call
+when that result is ready, so calls chain without the driver waiting in between.
+Workers return their bulk results themselves (Ray stores them; the driver holds refs).
+A call that overruns its role's timeout, or an actor that dies or raises, becomes a
+`WorkerError` naming the role, the rank and the node: the run fails loudly instead of
+hanging.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -28,23 +30,81 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from toolbox.core.errors import WorkerError
+from toolbox.core.pending import Pending, T
 
 Args = tuple[Any, ...]
-
-
-@dataclass
-class Pending:
-    """Calls in flight: their refs (or values, locally), the ranks they went to, the method name."""
-
-    handles: list[Any]
-    ranks: list[int]
-    method: str
 
 
 def _plan(args_list: Sequence[Args] | None, ranks: Sequence[int] | None, size: int) -> tuple[list[Args], list[int]]:
     args = list(args_list) if args_list is not None else [() for _ in range(size)]
     targets = [r % size for r in ranks] if ranks is not None else [i % size for i in range(len(args))]
     return args, targets
+
+
+class RayWaiter:
+    """Waits for object refs of calls on any number of groups, with one deadline."""
+
+    def wait(self, pendings: Sequence[Pending[Any]]) -> None:
+        calls = [(p, i) for p in pendings for i in range(len(p))]
+        refs = [p.handles[i] for p, i in calls]
+        # Stages run one after another in the worst case, so the budget is the sum of their roles' timeouts.
+        budget = sum({p.role: p.timeout_s for p in pendings}.values())
+        deadline = time.monotonic() + budget
+        remaining = list(refs)
+        while remaining:
+            ready, remaining = ray.wait(remaining, num_returns=1, timeout=max(0.0, deadline - time.monotonic()),
+                                        fetch_local=False)
+            if not ready:
+                # The first call (in pipeline order) still running held the others up.
+                p, i = calls[refs.index(remaining[0])]
+                raise WorkerError(p.role, p.ranks[i], p.node(i), f"{p.method} did not finish within {budget}s "
+                                  f"({len(remaining)} of {len(refs)} calls of this step still running)")
+            p, i = calls[refs.index(ready[0])]
+            if not p.bulk:
+                err = _failure(p, i)
+                if err is not None:
+                    raise _root_cause(pendings) or err
+
+    def fetch(self, pending: Pending[T]) -> list[T]:
+        return ray.get(pending.handles)
+
+
+def _failure(pending: Pending[Any], i: int) -> WorkerError | None:
+    """The `WorkerError` of call ``i`` if it failed (fetching its result: only for small or failed ones)."""
+    try:
+        ray.get(pending.handles[i])
+    except (RayActorError, RayTaskError) as err:
+        what = "died" if isinstance(err, RayActorError) else "raised"
+        cause = err.cause if isinstance(err, RayTaskError) and err.cause is not None else err
+        failure = WorkerError(pending.role, pending.ranks[i], pending.node(i),
+                              f"{pending.method} {what}: {type(cause).__name__}: {cause}")
+        failure.__cause__ = err
+        return failure
+    return None
+
+
+def _root_cause(pendings: Sequence[Pending[Any]]) -> WorkerError | None:
+    """The first finished call, in pipeline order, that failed: a dead rollout worker, not the learner it starved."""
+    for p in pendings:
+        for i, ref in enumerate(p.handles):
+            done, _ = ray.wait([ref], timeout=0, fetch_local=False)
+            failure = _failure(p, i) if done else None
+            if failure is not None:
+                return failure
+    return None
+
+
+class LocalWaiter:
+    """Handles of in-process calls are their results already."""
+
+    def wait(self, pendings: Sequence[Pending[Any]]) -> None:
+        return None
+
+    def fetch(self, pending: Pending[T]) -> list[T]:
+        return list(pending.handles)
+
+
+RAY_WAITER, LOCAL_WAITER = RayWaiter(), LocalWaiter()
 
 
 class WorkerGroup:
@@ -91,37 +151,15 @@ class WorkerGroup:
     def __len__(self) -> int:
         return len(self.actors)
 
-    def submit(self, method: str, args_list: Sequence[Args] | None = None, ranks: Sequence[int] | None = None) -> Pending:
+    def submit(self, method: str, args_list: Sequence[Args] | None = None, ranks: Sequence[int] | None = None,
+               timeout_s: float | None = None, bulk: bool = False) -> Pending[Any]:
         args, targets = _plan(args_list, ranks, len(self.actors))
         refs = [getattr(self.actors[r], method).remote(*a) for r, a in zip(targets, args)]
-        return Pending(refs, targets, method)
-
-    def get(self, pending: Pending, timeout_s: float | None = None) -> list[Any]:
-        budget = timeout_s or self.timeout_s
-        deadline = time.monotonic() + budget
-        remaining = list(pending.handles)
-        while remaining:
-            ready, remaining = ray.wait(remaining, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                rank = pending.ranks[pending.handles.index(remaining[0])]
-                raise WorkerError(self.role, rank, self.nodes[rank], f"{pending.method} did not finish within {budget}s "
-                                  f"({len(remaining)} of {len(pending.handles)} calls still running)")
-            self._check(pending, ready[0])
-        return ray.get(pending.handles)
-
-    def _check(self, pending: Pending, ref: Any) -> None:
-        try:
-            ray.get(ref)
-        except (RayActorError, RayTaskError) as err:
-            rank = pending.ranks[pending.handles.index(ref)]
-            what = "died" if isinstance(err, RayActorError) else "raised"
-            cause = err.cause if isinstance(err, RayTaskError) and err.cause is not None else err
-            raise WorkerError(self.role, rank, self.nodes[rank],
-                              f"{pending.method} {what}: {type(cause).__name__}: {cause}") from err
+        return Pending(refs, targets, method, self.role, self.nodes, timeout_s or self.timeout_s, RAY_WAITER, bulk)
 
     def call(self, method: str, args_list: Sequence[Args] | None = None, ranks: Sequence[int] | None = None,
              timeout_s: float | None = None) -> list[Any]:
-        return self.get(self.submit(method, args_list, ranks), timeout_s)
+        return self.submit(method, args_list, ranks, timeout_s).result()
 
     def shutdown(self) -> None:
         for actor in self.actors:
@@ -139,25 +177,23 @@ class LocalGroup:
     def __len__(self) -> int:
         return len(self.workers)
 
-    def submit(self, method: str, args_list: Sequence[Args] | None = None, ranks: Sequence[int] | None = None) -> Pending:
+    def submit(self, method: str, args_list: Sequence[Args] | None = None, ranks: Sequence[int] | None = None,
+               timeout_s: float | None = None, bulk: bool = False) -> Pending[Any]:
         args, targets = _plan(args_list, ranks, len(self.workers))
         out = []
         for r, a in zip(targets, args):
             # As Ray does for actor calls: a top-level ObjectRef argument arrives as its value
-            # (workers share() into the object store whenever Ray is up, local mode or not).
+            # (workers may put into the object store whenever Ray is up, local mode or not).
             a = tuple(ray.get(x) if isinstance(x, ray.ObjectRef) else x for x in a)
             try:
                 out.append(getattr(self.workers[r], method)(*a))
             except Exception as err:
                 raise WorkerError(self.role, r, "local", f"{method} raised: {type(err).__name__}: {err}") from err
-        return Pending(out, targets, method)
-
-    def get(self, pending: Pending, timeout_s: float | None = None) -> list[Any]:
-        return list(pending.handles)
+        return Pending(out, targets, method, self.role, ["local"] * len(self.workers), 0.0, LOCAL_WAITER, bulk)
 
     def call(self, method: str, args_list: Sequence[Args] | None = None, ranks: Sequence[int] | None = None,
              timeout_s: float | None = None) -> list[Any]:
-        return self.get(self.submit(method, args_list, ranks))
+        return self.submit(method, args_list, ranks).result()
 
     def shutdown(self) -> None:
         return None

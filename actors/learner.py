@@ -3,6 +3,10 @@
 The learner object itself is built by a picklable ``build`` callable *after* the
 process group exists (FSDP needs it), so one actor shell serves every algorithm's
 learner: GRPO's LLM learner, the gymnasium PPO learner, and so on.
+
+An online step is two calls: `plan` on rank 0 alone reads every shard and computes the
+group statistics once; `update(plan, shard_refs)` on every rank fetches only the shards
+holding that rank's rows. This is the only place learner-side refs are fetched.
 """
 
 from __future__ import annotations
@@ -13,10 +17,14 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import ray
 import torch
 import torch.distributed as dist
 
 from toolbox.core.seeding import seed_everything
+from toolbox.rewards.base import RewardResult
+from toolbox.rl.batch import RolloutBatch
+from toolbox.rl.plan import StepPlan
 
 from .resolve import node_info, resolve, share
 
@@ -53,8 +61,21 @@ class LearnerWorker:
         seed_everything(self.seed + self.rank)
         self.learner = self.build()
 
+    def plan(self, shard_refs: list[ray.ObjectRef], reward_refs: list[ray.ObjectRef],
+             keep_groups: list[int] | None) -> StepPlan:
+        """Rank 0 only: fetch the whole step and let the learner plan it (group statistics, each rank's rows)."""
+        shards: list[RolloutBatch] = resolve(shard_refs)
+        rewards: list[RewardResult] = resolve(reward_refs)
+        return self._learner.plan(shards, rewards, keep_groups)
+
     def update(self, *args: Any) -> dict[str, float]:
-        """``learner.update`` with every ref (or list of refs) argument fetched first."""
+        """``learner.update``. Online, ``(plan, shard_refs)``: fetch only the shards ``plan`` assigns this rank.
+        Otherwise (offline step index, env runners' batch refs) every ref argument is fetched first."""
+        if args and isinstance(args[0], StepPlan):
+            plan, shard_refs = args
+            mine = plan.shards_for(self.rank)
+            fetched = resolve([shard_refs[i] for i in mine])
+            return self._learner.update(plan, dict(zip(mine, fetched)))
         return self._learner.update(*(resolve(a) for a in args))
 
     def evaluate(self, *args: Any) -> dict[str, float]:
@@ -62,16 +83,16 @@ class LearnerWorker:
         return self._learner.evaluate(*(resolve(a) for a in args))
 
     def export_weights(self) -> list[Any]:
-        return [share(bucket) for bucket in self._learner.export_weights()]
+        return [share(bucket) for bucket in self._learner.policy.export_weights()]
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self._learner.full_state_dict()
+        return self._learner.policy.full_state_dict()
 
     def save(self, path: str) -> str:
-        return str(self._learner.save(path))
+        return str(self._learner.policy.save(path))
 
     def load(self, path: str) -> int:
-        return self._learner.load(path)
+        return self._learner.policy.load(path)
 
     @property
     def _learner(self) -> Any:

@@ -9,11 +9,11 @@ import torch
 
 from toolbox.models.loading import load_tokenizer
 from toolbox.rewards import REWARDS
+from toolbox.rewards.base import RewardResult
 from toolbox.rewards.runner import RewardRunConfig, decode_samples, score_samples
 from toolbox.rl.batch import RolloutBatch
-from toolbox.rl.sampling import informative_groups
 
-from .resolve import node_info, share
+from .resolve import node_info
 
 
 class RewardWorker:
@@ -28,9 +28,9 @@ class RewardWorker:
     def ready(self) -> dict[str, str]:
         return node_info()
 
-    def score(self, batch: RolloutBatch) -> dict[str, Any]:
+    def score(self, batch: RolloutBatch) -> RewardResult:
+        """The three-state result of every sample of ``batch`` (which Ray fetched from the rollout worker)."""
         start = time.perf_counter()
         result = score_samples(self.reward, decode_samples(batch, self.tokenizer), self.run)
-        informative = informative_groups(result.values_B, result.ok_B, batch.group_B)
-        return {"result": share(result), "metrics": result.metrics(), "informative": informative,
-                "seconds": time.perf_counter() - start}
+        result.seconds = time.perf_counter() - start
+        return result

@@ -8,13 +8,14 @@ from typing import Any
 
 import torch
 
-from toolbox.engines import PromptRequest, SamplingConfig
+from toolbox.engines import SamplingConfig
+from toolbox.rl.batch import PromptRequest, RolloutBatch
 
-from .resolve import node_info, resolve, share
+from .resolve import node_info, resolve
 
 
 class RolloutWorker:
-    """Generates rollouts and loads new weights; bulk results go to the object store, the driver gets refs."""
+    """Generates rollouts and loads new weights; the driver only ever holds refs to its batches."""
 
     def __init__(self, rank: int, build: Callable[[int], Any], torch_threads: int = 1) -> None:
         torch.set_num_threads(torch_threads)
@@ -24,13 +25,18 @@ class RolloutWorker:
     def ready(self) -> dict[str, str]:
         return node_info()
 
-    def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> dict[str, Any]:
+    def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
+        """The batch itself: Ray stores it, and the driver passes the ref on to reward and learner calls."""
         start = time.perf_counter()
         batch = self.engine.generate(requests, sampling)
-        return {"batch": share(batch), "rows": len(batch), "seconds": time.perf_counter() - start}
+        batch.seconds = time.perf_counter() - start
+        return batch
 
-    def update_weights(self, bucket_refs: list[Any]) -> int:
-        return self.engine.update_weights(resolve(bucket_refs))
+    def update_weights(self, bucket_refs: list[Any]) -> float:
+        """Load the exported buckets; returns the seconds it took."""
+        start = time.perf_counter()
+        self.engine.update_weights(resolve(bucket_refs))
+        return time.perf_counter() - start
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.engine.state_dict()

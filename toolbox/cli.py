@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from toolbox.core.registry import Registry, SpecOf
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -34,43 +37,72 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return out
 
 
-def config_rows(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(path, type, default, description) for every field, recursing into sub-models."""
+Row = tuple[str, str, str, str]
+
+
+def config_rows(model: type[BaseModel], prefix: str = "", expanding: tuple[Registry[Any], ...] = ()) -> list[Row]:
+    """(path, type, default, description) for every field, recursing into sub-models.
+
+    ``expanding`` holds the registries whose entries are being listed above this model: a spec nested in one of
+    its own entries (``weighted_sum.components``) gets one row, not an endless expansion.
+    """
     rows = []
     for name, field in model.model_fields.items():
         path = f"{prefix}{name}"
-        subs = _models_in(field.annotation)
-        variants = _registered_variants(subs)
-        if variants:  # a section whose class the registry picks by name (algorithm): one block per entry
-            rows.append((path, "one of " + ", ".join(v for v, _ in variants), "", field.description or ""))
-            for tag, sub in variants:
-                rows += config_rows(sub, f"{path}[name={tag}].")
+        if _selects_by_name(field) is not None:
+            rows += _variant_rows(path, field, expanding)
             continue
+        subs = _models_in(field.annotation)
         default = "" if field.is_required() else repr(field.get_default(call_default_factory=True))
         if subs and not isinstance(field.annotation, types.UnionType) and len(subs) == 1:
             rows.append((path, subs[0].__name__, "", field.description or ""))
-            rows += config_rows(subs[0], path + ".")
+            rows += config_rows(subs[0], path + ".", expanding)
             continue
         rows.append((path, _type_name(field.annotation), default if len(default) < 60 else "(see below)",
                      field.description or ""))
         for sub in subs:
-            rows += config_rows(sub, f"{path}[{sub.__name__}].")
+            rows += config_rows(sub, f"{path}[{sub.__name__}].", expanding)
     return rows
 
 
-def _registered_variants(subs: list[type[BaseModel]]) -> list[tuple[str, type[BaseModel]]]:
-    """(name, config class) of every registered algorithm when ``subs`` is the algorithm base class; else []."""
+def _variant_rows(path: str, field: FieldInfo, expanding: tuple[Registry[Any], ...]) -> list[Row]:
+    """A section whose class the registry picks by ``name`` (algorithm, engine, reward, task, callbacks):
+    one row naming the choices and the default, then each entry's options (``path[name=x].option``)."""
+    registry = _selects_by_name(field)
+    assert registry is not None
+    many = typing.get_origin(field.annotation) is list
+    kind = ("list, each " if many else "") + "one of " + ", ".join(registry.names())
+    default = None if field.is_required() else field.get_default(call_default_factory=True)
+    names = [d.name for d in default] if many and default is not None else getattr(default, "name", None)
+    rows = [(path, kind, "" if default is None else repr(names), field.description or "")]
+    if registry in expanding:
+        return rows
+    item = f"{path}.<i>" if many else path
+    for tag in registry.names():
+        rows += [row for row in config_rows(registry.spec_model(tag), f"{item}[name={tag}].", (*expanding, registry))
+                 if row[0] != f"{item}[name={tag}].name"]
+    return rows
+
+
+def _selects_by_name(field: FieldInfo) -> Registry[Any] | None:
+    """The registry a field (or its list items) selects from by ``name``: a `SpecOf` field, or the algorithm."""
     from toolbox.config.algorithm import AlgorithmConfig
 
-    if subs != [AlgorithmConfig]:
-        return []
-    from toolbox.algorithms import ALGORITHMS
+    if _models_in(field.annotation) == [AlgorithmConfig]:
+        from toolbox.algorithms import ALGORITHMS
 
-    out = []
-    for name in ALGORITHMS.names():
-        config = ALGORITHMS.get(name).config
-        assert config is not None
-        out.append((name, config))
+        return ALGORITHMS
+    for meta in [*field.metadata, *_metadata_in(field.annotation)]:
+        if isinstance(meta, SpecOf):
+            return meta.registry
+    return None
+
+
+def _metadata_in(annotation: Any) -> list[Any]:
+    """Every ``Annotated`` metadata object inside ``annotation`` (``list[Annotated[X, m]]`` -> [m])."""
+    out: list[Any] = list(getattr(annotation, "__metadata__", ()))
+    for arg in typing.get_args(annotation):
+        out += _metadata_in(arg)
     return out
 
 

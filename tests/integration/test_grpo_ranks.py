@@ -1,4 +1,8 @@
-"""GRPO's update on 2 FSDP2 ranks (real Ray, gloo) equals the update on 1 rank for the same global batch."""
+"""GRPO's update on 2 FSDP2 ranks (real Ray, gloo) equals the update on 1 rank for the same global batch.
+
+The two ranks go through the online contract: rank 0 plans the step, and each rank fetches only the
+rollout shard its rows are in (the shards are object refs, as the rollout workers return them).
+"""
 
 from __future__ import annotations
 
@@ -6,17 +10,19 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+import ray
 import torch
-
 from toolbox.actors.group import WorkerGroup
 from toolbox.actors.learner import LearnerWorker
+
+from tests.unit.learner_steps import online_step
+from toolbox.algorithms.grpo.config import GRPOConfig
+from toolbox.algorithms.grpo.learner import GRPOLearner
 from toolbox.data.prompts import PromptSource
 from toolbox.data.tasks import TASKS
 from toolbox.engines.base import SamplingConfig
 from toolbox.engines.hf import HFEngine
 from toolbox.learner.config import LearnerConfig, OptimConfig
-from toolbox.algorithms.grpo.learner import GRPOLearner
-from toolbox.algorithms.grpo.config import GRPOConfig
 from toolbox.rewards.base import RewardResult
 
 pytestmark = pytest.mark.integration
@@ -34,8 +40,8 @@ def test_two_fsdp2_ranks_update_like_one(ray_session: None, tiny_model_dir: Path
     cfg = LearnerConfig(num_workers=2, strategy="fsdp2", micro_batch_size=4, optim=OptimConfig(lr=1e-3))
 
     single = GRPOLearner(path, "float32", cfg.model_copy(update={"num_workers": 1, "strategy": "single"}), algo, 1)
-    m1 = single.update([batch], [rewards])
-    one = single.full_state_dict()
+    m1 = online_step(single, [batch], [rewards])
+    one = single.policy.full_state_dict()
 
     group = WorkerGroup("learner", LearnerWorker, 2, lambda r: dict(
         rank=r, world_size=2, build=partial(GRPOLearner, path, "float32", cfg, algo, 1), distributed=True),
@@ -43,7 +49,12 @@ def test_two_fsdp2_ranks_update_like_one(ray_session: None, tiny_model_dir: Path
     try:
         addr, port = group.call("rendezvous", [()], ranks=[0])[0]
         group.call("setup", [(addr, port, 120)] * 2)
-        per_rank = group.call("update", [([batch], [rewards], None)] * 2)
+        shards = batch.split(2)
+        shard_refs = [ray.put(s) for s in shards]
+        reward_refs = [ray.put(rewards.select(torch.arange(i * 16, (i + 1) * 16))) for i in range(2)]
+        plan = group.call("plan", [(shard_refs, reward_refs, None)], ranks=[0])[0]
+        assert [plan.shards_for(r) for r in range(2)] == [[0], [1]]  # each rank fetches only its own shard
+        per_rank = group.call("update", [(plan, shard_refs)] * 2)
         two = group.call("full_state_dict")[0]
     finally:
         group.shutdown()

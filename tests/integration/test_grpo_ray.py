@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import ray
 import torch
-
 from toolbox.actors.group import WorkerGroup
+
 from toolbox.config import load_config
 from toolbox.core.errors import WorkerError
 from toolbox.experiment import ExperimentBuilder
@@ -32,10 +32,10 @@ def test_three_steps_then_rollout_weights_equal_learner_bit_for_bit(ray_session:
         summary = trainer.fit()
         assert summary["steps"] == 3
         # The full-state gather is collective: every rank takes part, rank 0 gets the tensors.
-        learner_sd = trainer.learner.call("full_state_dict")[0]
+        learner_sd = trainer.learner.group.call("full_state_dict")[0]
         initial = load_causal_lm(builder.model_path).state_dict()
         assert any(not torch.equal(learner_sd[k], initial[k]) for k in initial), "the learner did not train"
-        for rank, rollout_sd in enumerate(trainer.rollout.call("state_dict")):
+        for rank, rollout_sd in enumerate(trainer.rollout.group.call("state_dict")):
             assert rollout_sd.keys() == learner_sd.keys()
             for name, tensor in learner_sd.items():
                 assert torch.equal(rollout_sd[name], tensor), f"rollout rank {rank}: {name} differs from the learner"
@@ -47,20 +47,20 @@ def test_three_steps_then_rollout_weights_equal_learner_bit_for_bit(ray_session:
 def _driver_bytes_per_step(tmp_path: Path, prompts_per_step: int, monkeypatch: pytest.MonkeyPatch) -> int:
     """Serialized bytes of everything the driver fetched from workers during training steps."""
     received: list[int] = []
-    original = WorkerGroup.get
+    original = ray.get
 
-    def counting_get(self: WorkerGroup, pending: Any, timeout_s: float | None = None) -> list[Any]:
-        values = original(self, pending, timeout_s)
+    def counting_get(refs: Any, *args: Any, **kwargs: Any) -> Any:
+        values = original(refs, *args, **kwargs)
         received.append(len(ray.cloudpickle.dumps(values)))
         return values
 
     builder, trainer = build(tmp_path, f"algorithm.prompts_per_step={prompts_per_step}", "trainer.total_steps=2",
                              "rollout.sampling.max_new_tokens=8")
     try:
-        monkeypatch.setattr(WorkerGroup, "get", counting_get)
+        monkeypatch.setattr(ray, "get", counting_get)  # every fetch of the driver goes through ray.get
         trainer.fit()
     finally:
-        monkeypatch.setattr(WorkerGroup, "get", original)
+        monkeypatch.setattr(ray, "get", original)
         builder.shutdown()
     return sum(received)
 
@@ -103,3 +103,29 @@ def test_dead_worker_raises_naming_role_and_rank(ray_session: None) -> None:
             group.call("nap", [(0.0,), (0.0,)])
     finally:
         group.shutdown()
+
+
+def test_one_driver_wait_per_grpo_step(ray_session: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Generate -> score -> plan -> update -> export -> load weights chain by ref: the driver waits once a step."""
+    from toolbox.actors.group import RayWaiter
+
+    waits: list[int] = []
+    original = RayWaiter.wait
+    builder, trainer = build(tmp_path, "trainer.total_steps=3", "algorithm.prompts_per_step=4")
+    step_calls = trainer.train_step
+
+    def counted(self: RayWaiter, pendings: Any) -> None:
+        waits[-1:] = [waits[-1] + 1] if waits else []
+        original(self, pendings)
+
+    def step(n: int) -> dict[str, float]:
+        waits.append(0)
+        return step_calls(n)
+
+    monkeypatch.setattr(RayWaiter, "wait", counted)
+    monkeypatch.setattr(trainer, "train_step", step)
+    try:
+        trainer.fit()
+    finally:
+        builder.shutdown()
+    assert waits == [1, 1, 1]

@@ -33,7 +33,7 @@ def random_policy_return(episodes: int = 20, seed: int = 0) -> float:
 def test_two_runners_and_a_learner_beat_a_random_policy(ray_session: None, tmp_path: Path, strategy: str,
                                                         ranks: int) -> None:
     cfg = load_config(["experiment=ppo_cartpole", f"trainer.run_root={tmp_path}", "callbacks=[]",
-                       "rollout.num_workers=2", f"learner.num_workers={ranks}", f"learner.strategy={strategy}",
+                       "env.num_workers=2", f"learner.num_workers={ranks}", f"learner.strategy={strategy}",
                        "trainer.total_steps=12", "trainer.eval_every=6", "algorithm.target_return=null"])
     builder = ExperimentBuilder(cfg)
     try:
@@ -46,8 +46,8 @@ def test_two_runners_and_a_learner_beat_a_random_policy(ray_session: None, tmp_p
         assert summary["env_steps"] == 12 * 2 * 4 * 128
         assert np.isfinite([m["value_loss"] for m in trainer.history]).all()
         # The runners act with exactly the learner's weights and normalisation statistics.
-        learner_sd = trainer.learner.call("full_state_dict")[0]
-        for rank, runner_sd in enumerate(trainer.runners.call("state_dict")):
+        learner_sd = trainer.learner.group.call("full_state_dict")[0]
+        for rank, runner_sd in enumerate(trainer.runners.group.call("state_dict")):
             for name, tensor in learner_sd.items():
                 assert torch.equal(runner_sd[name], tensor), f"runner {rank}: {name} differs from the learner"
     finally:

@@ -22,7 +22,7 @@ def one_step(tmp_path: Path, experiment: str, *overrides: str) -> tuple[dict[str
     try:
         trainer = builder.build_trainer()
         trainer.fit()
-        return trainer.learner.call("full_state_dict")[0], trainer.history[0], builder.model_path
+        return trainer.learner.group.call("full_state_dict")[0], trainer.history[0], builder.model_path
     finally:
         builder.shutdown()
 

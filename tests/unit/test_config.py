@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from toolbox.config import ExperimentConfig, load_config
-from toolbox.config.loader import merge, parse_overrides
+from toolbox.config.loader import dump_config, merge, parse_overrides
 from toolbox.core.errors import ConfigError
+from toolbox.data.tasks import TASKS
+from toolbox.engines import ENGINES
+from toolbox.rewards import REWARDS
 
 
 def config_error(*args: str) -> str:
@@ -19,10 +23,24 @@ def test_default_config_validates() -> None:
     cfg = load_config([])
     assert isinstance(cfg, ExperimentConfig)
     assert cfg.experiment == "grpo_tiny"
-    # Registry validation fills each spec's defaults in place.
-    assert cfg.reward.spec == {"name": "math", "which": "first", "tolerance": 1e-6}
-    assert cfg.rollout.engine["name"] == "hf" and "max_batch_size" in cfg.rollout.engine
-    assert [c["name"] for c in cfg.callbacks] == ["console", "jsonl", "tensorboard", "curves"]
+    # Each spec is typed by the entry its name selects, with that entry's defaults filled in.
+    assert type(cfg.reward.spec) is REWARDS.spec_model("math")
+    assert cfg.reward.spec.model_dump() == {"name": "math", "which": "first", "tolerance": 1e-6}
+    assert type(cfg.rollout.engine) is ENGINES.spec_model("hf") and cfg.rollout.engine.max_batch_size == 256
+    assert [c.name for c in cfg.callbacks] == ["console", "jsonl", "tensorboard", "curves"]
+    # A dump keeps every option of the chosen entry, not only the base spec's name.
+    dumped = cfg.model_dump()
+    assert dumped["rollout"]["engine"] == {"name": "hf", "max_batch_size": 256}
+    assert dumped["task"] == {"name": "digit_add", "max_operand": 4, "num_operands": 2}
+    assert dumped["callbacks"][1] == {"name": "jsonl", "filename": "metrics.jsonl"}
+
+
+def test_resolved_config_reloads_to_the_same_config(tmp_path) -> None:  # noqa: ANN001
+    cfg = load_config(["rollout.engine.max_batch_size=64", "task.max_operand=7"])
+    path = tmp_path / "config.yaml"
+    dump_config(cfg, path)
+    again = ExperimentConfig.model_validate(yaml.safe_load(path.read_text()))
+    assert again == cfg
 
 
 def test_typo_field_names_the_path() -> None:
@@ -45,13 +63,37 @@ def test_bad_literal_lists_the_allowed_values() -> None:
 
 def test_unknown_registry_name_lists_registered() -> None:
     msg = config_error("rollout.engine.name=foo")
-    assert "rollout.engine.name" in msg and "'foo'" in msg
-    assert "hf" in msg and "vllm" in msg
+    assert "rollout.engine.name: 'foo' is not a registered engine; allowed: ['hf', 'http', 'sglang', 'vllm']" in msg
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("reward.spec.name=nope", "reward.spec.name: 'nope' is not a registered reward; allowed: ['exact_match', "),
+    ("task.name=nope", "task.name: 'nope' is not a registered task; allowed: ['digit_add', "),
+    ("callbacks.2.name=nope", "callbacks.2.name: 'nope' is not a registered callback; allowed: ['console', "),
+    ("rollout.engine.max_batch_size=0", "rollout.engine.max_batch_size: Input should be greater than or equal to 1 (got 0)"),
+    ("task.max_opernd=3", "task.max_opernd: Extra inputs are not permitted (got 3)"),
+    ("rollout.engine=hf", "rollout.engine: must be a mapping with a 'name' (an engine spec) (got 'hf')"),
+])
+def test_spec_errors_name_the_field_path(override: str, message: str) -> None:
+    assert message in config_error(override)
+
+
+def test_spec_options_belong_to_the_named_entry() -> None:
+    # max_batch_size is an hf option: a spec that selects vllm does not take it.
+    msg = config_error("rollout.engine={name: vllm, max_batch_size: 64}")
+    assert "rollout.engine.max_batch_size: Extra inputs are not permitted (got 64)" in msg
 
 
 def test_reward_option_error_names_the_spec_path() -> None:
     msg = config_error("reward.spec.which=middle")
-    assert "reward.spec.which" in msg and "'first'" in msg and "'last'" in msg and "middle" in msg
+    assert "reward.spec.which: Input should be 'first' or 'last' (got 'middle')" in msg
+
+
+def test_weighted_sum_components_are_typed_reward_specs() -> None:
+    cfg = load_config(["reward.spec={name: weighted_sum, weights: [1.0], components: [{name: exact_match}]}"])
+    assert type(cfg.reward.spec.components[0]) is REWARDS.spec_model("exact_match")
+    msg = config_error("reward.spec={name: weighted_sum, weights: [1.0], components: [{name: math, which: middle}]}")
+    assert "reward.spec.components.0.which: Input should be 'first' or 'last' (got 'middle')" in msg
 
 
 def test_unknown_experiment_lists_known_ones() -> None:
@@ -92,6 +134,13 @@ def test_local_mode_needs_one_rank() -> None:
     assert "ray.local_mode" in config_error("ray.local_mode=true")
 
 
+def test_fields_ppo_does_not_use_are_errors_naming_each() -> None:
+    # issue 7: these used to validate and be ignored (PPO then trained on a 3x batch).
+    msg = config_error("experiment=ppo_tiny", "algorithm.dynamic_sampling=true", "algorithm.advantage=rloo")
+    assert "algorithm.dynamic_sampling: Extra inputs are not permitted (got True)" in msg
+    assert "algorithm.advantage: Extra inputs are not permitted (got 'rloo')" in msg
+
+
 def test_unknown_advantage() -> None:
     msg = config_error("algorithm.advantage=nope")
     assert "algorithm.advantage" in msg and "group_norm" in msg and "rloo" in msg
@@ -130,14 +179,15 @@ def test_merge_recursive_and_list_index() -> None:
 
 def test_list_override_replaces_callbacks() -> None:
     cfg = load_config(["callbacks=[{name: jsonl, filename: m.jsonl}]"])
-    assert cfg.callbacks == [{"name": "jsonl", "filename": "m.jsonl"}]
+    assert [c.model_dump() for c in cfg.callbacks] == [{"name": "jsonl", "filename": "m.jsonl"}]
 
 
 def test_list_index_edits_default_callbacks() -> None:
     # grpo_tiny does not list callbacks: the edit applies to the schema default, not a fresh list.
     cfg = load_config(["callbacks.1.filename=m.jsonl", "callbacks.0.name=jsonl"])
-    assert [c["name"] for c in cfg.callbacks] == ["jsonl", "jsonl", "tensorboard", "curves"]
-    assert cfg.callbacks[1]["filename"] == "m.jsonl"
+    assert [c.name for c in cfg.callbacks] == ["jsonl", "jsonl", "tensorboard", "curves"]
+    assert cfg.callbacks[1].filename == "m.jsonl"
+    assert cfg.callbacks[0].filename == "metrics.jsonl"  # renamed: console's options do not carry over
 
 
 def test_list_index_out_of_range() -> None:
@@ -150,9 +200,18 @@ def test_list_index_bad_callback_option() -> None:
 
 
 def test_spec_option_edits_default_spec() -> None:
+    # grpo_tiny leaves the engine at its default: an option edits the default entry (hf).
     cfg = load_config(["rollout.engine.max_batch_size=64", "reward.spec.which=last"])
-    assert cfg.rollout.engine == {"name": "hf", "max_batch_size": 64}
-    assert cfg.reward.spec["which"] == "last" and cfg.reward.spec["name"] == "math"
+    assert cfg.rollout.engine.model_dump() == {"name": "hf", "max_batch_size": 64}
+    assert cfg.reward.spec.model_dump() == {"name": "math", "which": "last", "tolerance": 1e-6}
+
+
+def test_renaming_a_spec_drops_the_previous_entry_options(tmp_path) -> None:  # noqa: ANN001
+    path = tmp_path / "mine.yaml"
+    path.write_text("base: grpo_tiny\ntask: {name: digit_add, max_operand: 7}\n")
+    assert load_config([f"experiment={path}"]).task.max_operand == 7
+    cfg = load_config([f"experiment={path}", "task.name=reverse"])  # digit_add's max_operand does not apply
+    assert cfg.task.model_dump() == TASKS.spec_model("reverse")().model_dump()
 
 
 def test_typed_overrides_reach_the_model() -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from toolbox.cli import DOCS, components_markdown, configuration_markdown
+from toolbox.cli import DOCS, components_markdown, config_rows, configuration_markdown
+from toolbox.config import ExperimentConfig
 
 
 def test_configuration_reference_is_current() -> None:
@@ -11,3 +12,14 @@ def test_configuration_reference_is_current() -> None:
 
 def test_component_catalog_is_current() -> None:
     assert (DOCS / "components.md").read_text() == components_markdown(), "run `make docs` and commit"
+
+
+def test_reference_lists_each_registered_entrys_options() -> None:
+    paths = {row[0]: row for row in config_rows(ExperimentConfig)}
+    assert paths["rollout.engine"][1] == "one of hf, http, sglang, vllm" and paths["rollout.engine"][2] == "'hf'"
+    assert "rollout.engine[name=vllm].gpu_memory_utilization" in paths
+    assert "reward.spec[name=math].which" in paths and "task[name=reverse].letters" in paths
+    assert "callbacks.<i>[name=jsonl].filename" in paths
+    # A spec inside one of its own registry's entries is listed once, not expanded again.
+    assert paths["reward.spec[name=weighted_sum].components"][1].startswith("list, each one of ")
+    assert not any(p.startswith("reward.spec[name=weighted_sum].components.<i>[") for p in paths)

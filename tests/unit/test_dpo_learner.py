@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from tests.unit.golden import check_golden, run_recipe
+from toolbox.algorithms.dpo.config import DPOConfig
+from toolbox.algorithms.dpo.learner import DPOLearner, sequence_logps
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.data.offline import RecordSource
 from toolbox.data.tasks import TASKS
 from toolbox.learner.config import LearnerConfig, OptimConfig
-from toolbox.algorithms.dpo.learner import DPOLearner, sequence_logps
-from toolbox.algorithms.dpo.config import DPOConfig
 
 
 def make_learner(model_dir: Path, **algo: object) -> DPOLearner:
@@ -45,7 +45,7 @@ def test_ipo_uses_length_averaged_logps(tiny_model_dir: Path) -> None:
 
     batch = pad_examples([chosen], 0)
     with torch.no_grad():
-        total, mean = sequence_logps(learner.policy, batch), sequence_logps(learner.policy, batch, average=True)
+        total, mean = sequence_logps(learner.policy.model, batch), sequence_logps(learner.policy.model, batch, average=True)
     assert mean.item() == pytest.approx(total.item() / sum(chosen.loss_mask), rel=1e-6)
     assert learner.algo.average_logps and not DPOConfig().average_logps
 
@@ -55,15 +55,15 @@ def test_micro_batches_of_one_accumulate_to_the_full_batch_gradient(tiny_model_d
     learner = make_learner(tiny_model_dir, **algo)
     # Move the policy off the reference first, so every loss type has a gradient.
     with torch.no_grad():
-        for p in learner.policy.parameters():
+        for p in learner.policy.model.parameters():
             p.add_(0.02 * torch.randn_like(p))
     records = learner.train_data.step(0, 8)
     grads, losses = [], []
     for micro in (8, 1):
         learner.cfg = learner.cfg.model_copy(update={"micro_batch_size": micro})
         losses.append(learner.accumulate(records, backward=True)["loss"])
-        grads.append({n: p.grad.clone() for n, p in learner.policy.named_parameters() if p.grad is not None})
-        learner.optimizer.zero_grad(set_to_none=True)
+        grads.append({n: p.grad.clone() for n, p in learner.policy.model.named_parameters() if p.grad is not None})
+        learner.policy.optimizer.zero_grad(set_to_none=True)
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name, g in grads[0].items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import random
 import sys
 import threading
 import types
@@ -22,9 +23,10 @@ import torch
 from toolbox.engines import http as http_mod
 from toolbox.engines import sglang as sglang_mod
 from toolbox.engines import vllm as vllm_mod
-from toolbox.engines.base import ENGINES, PromptRequest, SamplingConfig
+from toolbox.engines.base import ENGINES, SamplingConfig
+from toolbox.engines.common import request_seeds, tensor_bytes
 from toolbox.models.tiny import build_char_tokenizer
-from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP
+from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest
 from toolbox.rl.weights import pack_state_dict
 
 PAD, EOS, A, B, C = 0, 2, 3, 4, 5  # char tokenizer over "abc": <pad> <s> </s> a b c
@@ -62,6 +64,15 @@ def test_engines_register() -> None:
     for name in ("vllm", "sglang", "http"):
         ENGINES.validate({"name": name}, "rollout.engine")  # defaults are a valid config
 
+
+def test_request_seeds_are_distinct_reproducible_or_off() -> None:
+    seeds = request_seeds(random.Random(5), 64)
+    assert len(set(seeds)) == 64 and seeds == request_seeds(random.Random(5), 64)
+    assert request_seeds(random.Random(5), 3, seeded=False) == [None, None, None]
+
+
+def test_tensor_bytes_counts_element_sizes() -> None:
+    assert tensor_bytes([torch.zeros(3, dtype=torch.float32), torch.zeros(2, 2, dtype=torch.bfloat16)]) == 12 + 8
 
 
 def test_vllm_api_we_call_exists() -> None:

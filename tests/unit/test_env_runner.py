@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from tests.unit.fake_envs import COUNTER_TERMINATE, COUNTER_TRUNCATE, register_fake_envs
+from toolbox.envs.config import EnvConfig
+from toolbox.envs.env_runner import EnvRunner
+from toolbox.envs.make import check_env
 from toolbox.models.mlp import PolicyConfig
-from toolbox.rl.env_runner import EnvRunner
-from toolbox.rl.envs import EnvConfig, check_env
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ CASES = {
     "dapo_tiny": (["trainer.total_steps=4", "algorithm.prompts_per_step=8"], ["loss", "reward", "grad_norm"]),
     "ppo_tiny": (["trainer.total_steps=4", "algorithm.prompts_per_step=32"], ["loss", "vf_loss", "reward", "grad_norm"]),
     "online_dpo_tiny": (["trainer.total_steps=4", "algorithm.prompts_per_step=8"], ["dpo_loss", "reward", "pairs"]),
-    "ppo_cartpole": (["trainer.total_steps=3", "rollout.num_workers=1", "algorithm.target_return=null"], ["loss", "value_loss", "entropy"]),
+    "ppo_cartpole": (["trainer.total_steps=3", "env.num_workers=1", "algorithm.target_return=null"], ["loss", "value_loss", "entropy"]),
 }
 
 

@@ -7,11 +7,10 @@ from typing import Any
 import pytest
 import torch
 
-from toolbox.core.errors import RegistryError
 from toolbox.algorithms.grpo.config import GRPOConfig
+from toolbox.core.errors import RegistryError
 from toolbox.objectives.grpo import grpo_loss
-from toolbox.rl.advantages import grpo_advantages
-from toolbox.rl.advantages import group_normalized, rloo
+from toolbox.rl.advantages import group_normalized, grpo_advantages, rloo
 
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from toolbox.algorithms.grpo.config import GRPOConfig
 from toolbox.config import load_config
 from toolbox.data.prompts import split_groups
-from toolbox.engines.base import PromptRequest
-from toolbox.algorithms.grpo.config import GRPOConfig
 from toolbox.rl.advantages import overlong_shaping
+from toolbox.rl.batch import PromptRequest
 from toolbox.rl.sampling import choose_groups, informative_groups
 
 
@@ -46,9 +46,14 @@ def test_variant_experiments_inherit_from_their_base() -> None:
     dapo = load_config(["experiment=dapo_tiny"])
     assert isinstance(dapo.algorithm, GRPOConfig)
     assert dapo.algorithm.dynamic_sampling and dapo.algorithm.clip_high > dapo.algorithm.clip_low
-    assert dapo.learner.num_workers == 2 and dapo.task["name"] == "digit_add"  # from grpo_tiny
+    assert dapo.learner.num_workers == 2 and dapo.task.name == "digit_add"  # from grpo_tiny
     dr = load_config(["experiment=dr_grpo_tiny"])
     assert isinstance(dr.algorithm, GRPOConfig)
     assert (dr.algorithm.advantage, dr.algorithm.agg) == ("group_mean", "seq-mean-token-sum-norm")
-    for name in ("rloo_tiny", "reinforce_pp_tiny"):
-        assert load_config([f"experiment={name}"]).experiment == name
+    # Each variant's YAML was read: its own fields differ from grpo_tiny's (group_norm, token-mean).
+    rloo = load_config(["experiment=rloo_tiny"]).algorithm
+    assert isinstance(rloo, GRPOConfig) and (rloo.advantage, rloo.agg) == ("rloo", "seq-mean-token-mean")
+    rpp = load_config(["experiment=reinforce_pp_tiny"]).algorithm
+    assert isinstance(rpp, GRPOConfig) and (rpp.advantage, rpp.agg) == ("reinforce_pp", "token-mean")
+    base = load_config(["experiment=grpo_tiny"]).algorithm
+    assert isinstance(base, GRPOConfig) and (base.advantage, base.agg) == ("group_norm", "token-mean")

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolbox.engines.base import ENGINES, PromptRequest, SamplingConfig
+from toolbox.engines.base import ENGINES, SamplingConfig
 from toolbox.engines.hf import HFEngine, _response_mask
-from toolbox.algorithms.grpo.learner import sequence_logprobs
 from toolbox.models.loading import load_causal_lm
-from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, RolloutBatch
+from toolbox.models.logprobs import response_logprobs
+from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest, RolloutBatch
 from toolbox.rl.weights import pack_state_dict
 
 PROMPTS = ["1+2=", "13+4=", "2+2=", "9+9=", "0+0+1=", "3+3=", "4+1=", "12+12="]
@@ -104,7 +104,7 @@ def test_logprobs_match_learner_recomputation(engine: HFEngine, learner_model: t
     torch.manual_seed(0)
     batch = engine.generate(requests(engine), SamplingConfig(max_new_tokens=6, temperature=temperature))
     with torch.no_grad():
-        recomputed = sequence_logprobs(learner_model, batch, temperature)
+        recomputed = response_logprobs(learner_model, batch, temperature)
     torch.testing.assert_close(recomputed, batch.logprobs_BR, atol=1e-5, rtol=0)
     assert batch.response_mask_BR.sum() > len(batch)  # not trivially short
 
@@ -112,7 +112,7 @@ def test_logprobs_match_learner_recomputation(engine: HFEngine, learner_model: t
 def test_logprobs_match_with_early_stops(eos_engine: HFEngine) -> None:
     batch = eos_engine.generate(requests(eos_engine, 3), SamplingConfig(max_new_tokens=6))
     with torch.no_grad():
-        recomputed = sequence_logprobs(eos_engine.model, batch, 1.0)
+        recomputed = response_logprobs(eos_engine.model, batch, 1.0)
     torch.testing.assert_close(recomputed, batch.logprobs_BR, atol=1e-5, rtol=0)
 
 

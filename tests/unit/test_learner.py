@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.unit.learner_steps import online_step
+from toolbox.algorithms.grpo.config import GRPOConfig
+from toolbox.algorithms.grpo.learner import GRPOLearner
 from toolbox.engines.base import PromptRequest, SamplingConfig
 from toolbox.engines.hf import HFEngine
 from toolbox.learner.config import LearnerConfig
-from toolbox.algorithms.grpo.learner import GRPOLearner
 from toolbox.models.loading import load_causal_lm
-from toolbox.algorithms.grpo.config import GRPOConfig
 from toolbox.rewards.base import RewardResult, RewardStatus
 from toolbox.rl.batch import RolloutBatch
 from toolbox.rl.weights import unpack_all
@@ -49,18 +50,18 @@ def make_learner(path: Path, micro: int) -> GRPOLearner:
 def test_micro_batch_size_does_not_change_update_or_metrics(tiny_model_dir: Path, rollout) -> None:  # noqa: ANN001
     shards, results = rollout
     big, small = make_learner(tiny_model_dir, 8), make_learner(tiny_model_dir, 1)
-    m_big, m_small = big.update(shards, results), small.update(shards, results)
-    assert big.step == small.step == 1
+    m_big, m_small = online_step(big, shards, results), online_step(small, shards, results)
+    assert big.policy.step == small.policy.step == 1
     for key in ("loss", "pg_loss", "kl", "clip_frac", "grad_norm", "reward", "reward_error", "reward_abstain", "adv_abs"):
         assert m_small[key] == pytest.approx(m_big[key], rel=1e-4, abs=1e-6), key
     assert m_big["reward_error"] == 1.0 and m_big["reward_abstain"] == 1.0
     assert m_big["grad_norm"] > 0 and m_big["kl"] > 0  # the second epoch has moved off the reference
-    a, b = big.full_state_dict(), small.full_state_dict()
+    a, b = big.policy.full_state_dict(), small.policy.full_state_dict()
     for name in a:
         torch.testing.assert_close(b[name], a[name], atol=5e-5, rtol=0)
     # The update moved the policy, and export_weights ships exactly the learner's current weights.
     fresh = load_causal_lm(str(tiny_model_dir)).state_dict()
     assert any(not torch.equal(a[k], fresh[k]) for k in a)
-    exported = unpack_all(big.export_weights())
+    exported = unpack_all(big.policy.export_weights())
     assert exported.keys() == a.keys() and all(torch.equal(exported[k], v) for k, v in a.items())
 

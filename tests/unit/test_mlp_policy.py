@@ -7,8 +7,7 @@ import math
 import numpy as np
 import torch
 
-from toolbox.models.mlp import ActorCritic, PolicyConfig
-from toolbox.rl.envs import SpaceSpec
+from toolbox.models.mlp import ActorCritic, PolicyConfig, SpaceSpec
 
 DISCRETE = SpaceSpec(obs_dim=4, action_kind="discrete", action_dim=3, action_start=1)
 GAUSSIAN = SpaceSpec(obs_dim=3, action_kind="continuous", action_dim=2, low=(-1.0, -2.0), high=(1.0, 2.0))

@@ -7,14 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolbox.learner.config import LearnerConfig, OptimConfig
-from toolbox.algorithms.ppo_env.learner import PPOEnvLearner, lr_multiplier, returns_and_advantages
-from toolbox.models.mlp import PolicyConfig
 from toolbox.algorithms.ppo_env.config import PPOEnvConfig
+from toolbox.algorithms.ppo_env.learner import PPOEnvLearner, returns_and_advantages
+from toolbox.envs.config import EnvConfig
+from toolbox.envs.env_runner import EnvRunner
+from toolbox.envs.make import check_env
+from toolbox.envs.trajectory import TrajectoryBatch
+from toolbox.learner.config import LearnerConfig, OptimConfig
+from toolbox.models.mlp import PolicyConfig
 from toolbox.objectives.ppo import value_loss
-from toolbox.rl.env_runner import EnvRunner
-from toolbox.rl.envs import EnvConfig, check_env
-from toolbox.rl.trajectory import TrajectoryBatch
 
 
 def one_env_batch(terminated: list[bool], truncated: list[bool], final_values: list[float]) -> TrajectoryBatch:
@@ -64,52 +65,57 @@ def test_clipped_value_loss() -> None:
     assert float(value_loss(new, old, ret, 0.0)) == pytest.approx(0.5 * (0.25 + 2.25) / 2)
 
 
-def test_lr_schedules() -> None:
-    linear = lr_multiplier(OptimConfig(scheduler="linear", warmup_steps=0), total=10)
-    assert [linear(s) for s in (0, 5, 10)] == [1.0, 0.5, 0.0]
-    warm = lr_multiplier(OptimConfig(scheduler="constant_with_warmup", warmup_steps=4), total=10)
-    assert [warm(s) for s in (0, 3, 9)] == [0.25, 1.0, 1.0]
-
-
-def make(normalize: bool = True, **algo: object) -> tuple[PPOEnvLearner, EnvRunner]:
+def make(normalize: bool = True, optim: OptimConfig | None = None, total_steps: int = 10,
+         **algo: object) -> tuple[PPOEnvLearner, EnvRunner]:
     env = EnvConfig(id="CartPole-v1", num_envs=2)
     cfg = PPOEnvConfig(policy=PolicyConfig(hidden_sizes=[16], normalize_obs=normalize), **algo)
     spec = check_env(env)
     torch.manual_seed(0)
-    learner = PPOEnvLearner(spec, cfg, LearnerConfig(num_workers=1, strategy="single", optim=OptimConfig(lr=1e-3)), 10)
+    cfg_l = LearnerConfig(num_workers=1, strategy="single", optim=optim or OptimConfig(lr=1e-3))
+    learner = PPOEnvLearner(spec, cfg, cfg_l, total_steps)
     return learner, EnvRunner(env, cfg.policy, spec, cfg.gamma, seed=0)
+
+
+def test_linear_schedule_decays_over_every_optimizer_step_of_the_run() -> None:
+    # 1 training step x 2 epochs x 2 minibatches = 4 optimizer steps at lr x (1, .75, .5, .25).
+    learner, runner = make(optim=OptimConfig(lr=1e-3, scheduler="linear"), total_steps=1, epochs=2, minibatches=2)
+    runner.load_weights(learner.policy.export_weights())
+    metrics = learner.update([runner.rollout(16)[0]])
+    assert metrics["updates"] == 4
+    assert metrics["lr"] == pytest.approx(1e-3 * (1 + 0.75 + 0.5 + 0.25) / 4)
+    assert learner.policy.trained.scheduler.get_last_lr()[0] == pytest.approx(0.0)
 
 
 def test_update_trains_folds_stats_and_exports_to_the_runner() -> None:
     learner, runner = make(scale_rewards=True, epochs=2, minibatches=4)
-    runner.load_weights(learner.export_weights())
-    before = {k: v.clone() for k, v in learner.full_state_dict().items()}
+    runner.load_weights(learner.policy.export_weights())
+    before = {k: v.clone() for k, v in learner.policy.full_state_dict().items()}
     batch, _ = runner.rollout(32)
     metrics = learner.update([batch])
     assert metrics["updates"] == 8 and all(v == v for v in metrics.values())  # 2 epochs x 4 minibatches, no NaN
-    after = learner.full_state_dict()
+    after = learner.policy.full_state_dict()
     assert not torch.equal(before["actor.0.weight"], after["actor.0.weight"])
     assert float(after["obs_rms.count"]) == pytest.approx(64, abs=1e-3)  # 32 steps x 2 envs of raw observations
     assert float(after["ret_rms.count"]) == pytest.approx(64, abs=1e-3)
-    runner.load_weights(learner.export_weights())
+    runner.load_weights(learner.policy.export_weights())
     for name, tensor in runner.model.state_dict().items():
         assert torch.equal(tensor, after[name]), name
 
 
 def test_target_kl_stops_the_epochs_early() -> None:
     learner, runner = make(target_kl=1e-9, epochs=4, minibatches=2)
-    runner.load_weights(learner.export_weights())
+    runner.load_weights(learner.policy.export_weights())
     metrics = learner.update([runner.rollout(16)[0]])
     assert metrics["kl_stopped"] == 1.0 and metrics["updates"] < 8
 
 
 def test_checkpoint_restores_weights_statistics_and_step(tmp_path: Path) -> None:
     learner, runner = make()
-    runner.load_weights(learner.export_weights())
+    runner.load_weights(learner.policy.export_weights())
     learner.update([runner.rollout(16)[0]])
-    saved = {k: v.clone() for k, v in learner.full_state_dict().items()}
-    learner.save(tmp_path / "ckpt")
+    saved = {k: v.clone() for k, v in learner.policy.full_state_dict().items()}
+    learner.policy.save(tmp_path / "ckpt")
     fresh, _ = make()
-    assert fresh.load(tmp_path / "ckpt") == 1
-    for name, tensor in fresh.full_state_dict().items():
+    assert fresh.policy.load(tmp_path / "ckpt") == 1
+    for name, tensor in fresh.policy.full_state_dict().items():
         assert torch.equal(tensor, saved[name]), name

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from toolbox.algorithms.ppo_env.loop import split_counts
 from toolbox.config import load_config
 from toolbox.experiment import ExperimentBuilder
-from toolbox.algorithms.ppo_env.loop import split_counts
 
 
 def fit(tmp_path: Path, *overrides: str) -> tuple[dict[str, Any], Any]:

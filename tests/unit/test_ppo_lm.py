@@ -6,9 +6,10 @@ from pathlib import Path
 
 import torch
 
-from toolbox.learner.config import LearnerConfig
-from toolbox.algorithms.ppo.learner import PPOLearner
+from tests.unit.learner_steps import online_step
 from toolbox.algorithms.ppo.config import PPOConfig
+from toolbox.algorithms.ppo.learner import PPOLearner
+from toolbox.learner.config import LearnerConfig
 from toolbox.objectives.ppo_lm import token_gae, token_rewards
 from toolbox.objectives.value import clipped_value_terms
 from toolbox.rewards.base import RewardResult
@@ -56,14 +57,14 @@ def test_ppo_learner_updates_policy_and_critic_and_checkpoints_both(tiny_model_d
     cfg = LearnerConfig(num_workers=1, strategy="single", micro_batch_size=2)
     algo = PPOConfig(prompts_per_step=4, kl_coef=0.1, ppo_epochs=2)
     learner = PPOLearner(str(tiny_model_dir), "float32", cfg, algo, total_steps=3)
-    head_before = learner.critic.head.weight.detach().clone()
-    policy_before = {k: v.clone() for k, v in learner.policy.state_dict().items()}
+    head_before = learner.critic.module.head.weight.detach().clone()
+    policy_before = {k: v.clone() for k, v in learner.policy.model.state_dict().items()}
     rewards = RewardResult(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.zeros(4, dtype=torch.long), [""] * 4)
-    metrics = learner.update([_batch()], [rewards])
+    metrics = online_step(learner, [_batch()], [rewards])
     assert {"pg_loss", "vf_loss", "kl", "critic_grad_norm", "reward"} <= metrics.keys()
-    assert not torch.equal(learner.critic.head.weight, head_before), "the critic did not train"
-    assert any(not torch.equal(v, policy_before[k]) for k, v in learner.policy.state_dict().items())
-    learner.save(tmp_path / "step_1")
+    assert not torch.equal(learner.critic.module.head.weight, head_before), "the critic did not train"
+    assert any(not torch.equal(v, policy_before[k]) for k, v in learner.policy.model.state_dict().items())
+    learner.policy.save(tmp_path / "step_1")
     fresh = PPOLearner(str(tiny_model_dir), "float32", cfg, algo, total_steps=3)
-    assert fresh.load(tmp_path / "step_1") == 1
-    assert torch.equal(fresh.critic.head.weight, learner.critic.head.weight)
+    assert fresh.policy.load(tmp_path / "step_1") == 1
+    assert torch.equal(fresh.critic.module.head.weight, learner.critic.module.head.weight)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Annotated, Any
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError
 
 from toolbox.core import registry as registry_mod
 from toolbox.core.errors import ConfigError, RegistryError
-from toolbox.core.registry import Registry
+from toolbox.core.registry import Registry, Spec, SpecOf
 
 
 class ScaleConfig(BaseModel):
@@ -34,6 +35,9 @@ def make_registry() -> Registry:
         return kwargs
 
     return reg
+
+
+WIDGETS = make_registry()
 
 
 @pytest.fixture(autouse=True)
@@ -72,8 +76,18 @@ def test_build_injects_only_accepted_deps() -> None:
     assert out["model_path"] == "/m" and out["config"] == ScaleConfig(factor=3.0)
     # A factory without a `config` parameter gets validated options as keyword arguments.
     assert reg.build({"name": "flat"}, inject={"model_path": "/m"}) == {"factor": 2.0, "label": "x"}
-    # No config model: options go through unchanged; **kwargs does not name any injected dependency.
-    assert reg.build({"name": "plain", "a": 1}, inject={"seed": 1}) == {"a": 1}
+    # No config model: no options; **kwargs does not name any injected dependency.
+    assert reg.build({"name": "plain"}, inject={"seed": 1}) == {}
+    with pytest.raises(ValidationError, match=r"widget 'plain' takes no options, got \['a'\]"):
+        reg.build({"name": "plain", "a": 1})
+
+
+def test_build_accepts_a_typed_spec() -> None:
+    reg = make_registry()
+    spec = reg.parse({"name": "scale", "factor": 3.0})
+    assert reg.parse(spec) is spec  # already typed: passes through
+    out = reg.build(spec, inject={"model_path": "/m"})
+    assert type(out["config"]) is ScaleConfig and out["config"] == ScaleConfig(factor=3.0)
 
 
 def test_build_validates_options() -> None:
@@ -99,6 +113,46 @@ def test_validate_errors_name_the_path() -> None:
         reg.validate({"name": "plain", "a": 1}, "p")
     with pytest.raises(ConfigError, match="None is not a registered"):
         reg.validate({}, "p")
+
+
+def test_spec_model_is_the_entry_config_with_a_literal_name() -> None:
+    reg = make_registry()
+    model = reg.spec_model("scale")
+    assert model is reg.spec_model("scale")  # built once
+    assert issubclass(model, ScaleConfig) and issubclass(model, Spec) and model.__name__ == "ScaleWidgetSpec"
+    assert list(model.model_fields) == ["name", "factor", "label"]
+    assert reg.parse({"name": "scale"}).model_dump() == {"name": "scale", "factor": 2.0, "label": "x"}
+    assert list(reg.spec_model("plain").model_fields) == ["name"]
+
+
+class Holder(BaseModel):
+    """A config with one spec field (default entry 'scale') and a list of specs."""
+
+    model_config = ConfigDict(extra="forbid")
+    one: Annotated[SerializeAsAny[Spec], SpecOf(WIDGETS, default="scale")] = Field(
+        default_factory=SpecOf(WIDGETS, default="scale").make_default)
+    many: list[Annotated[SerializeAsAny[Spec], SpecOf(WIDGETS)]] = Field(default_factory=list)
+
+
+def test_spec_field_dispatches_on_name_and_dumps_every_option() -> None:
+    held = Holder.model_validate({"one": {"label": "y"}, "many": [{"name": "plain"}, {"name": "flat", "factor": 4}]})
+    assert type(held.one) is WIDGETS.spec_model("scale")  # no name: the field's default entry
+    assert held.model_dump() == {"one": {"name": "scale", "factor": 2.0, "label": "y"},
+                                 "many": [{"name": "plain"}, {"name": "flat", "factor": 4.0, "label": "x"}]}
+    assert Holder().model_dump()["one"] == {"name": "scale", "factor": 2.0, "label": "x"}
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"one": {"factor": 0}}, r"holder\.one\.factor: Input should be greater than 0 \(got 0\)"),
+    ({"many": [{"name": "plain"}, {"name": "zzz"}]},
+     r"holder\.many\.1\.name: 'zzz' is not a registered widget; allowed: \['flat', 'plain', 'scale'\]$"),
+    ({"many": [{"name": "flat", "colour": 1}]}, r"holder\.many\.0\.colour: Extra inputs are not permitted"),
+    ({"one": "scale"}, r"holder\.one: must be a mapping with a 'name' \(a widget spec\) \(got 'scale'\)$"),
+])
+def test_spec_field_errors_name_the_path(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        Holder.model_validate(data)
+    assert re.search(message, registry_mod.format_validation_error(info.value, "holder"), re.MULTILINE)
 
 
 class FakeEntryPoint:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from toolbox.rl.running_stats import RunningMeanStd, moments
+from toolbox.models.running_stats import RunningMeanStd, moments
 
 
 def test_merged_batches_equal_the_whole() -> None:

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from tests.unit.golden import check_golden, run_recipe
+from toolbox.algorithms.sft.config import SFTConfig
+from toolbox.algorithms.sft.learner import SFTLearner
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.experiment import ExperimentBuilder
 from toolbox.learner.config import LearnerConfig, OptimConfig
-from toolbox.algorithms.sft.learner import SFTLearner
-from toolbox.algorithms.sft.config import SFTConfig
 
 
 def make_learner(model_dir: Path, **algo: object) -> SFTLearner:
@@ -24,10 +24,10 @@ def make_learner(model_dir: Path, **algo: object) -> SFTLearner:
 
 def grads_with_micro_batch(learner: SFTLearner, micro: int) -> tuple[dict[str, torch.Tensor], float]:
     learner.cfg = learner.cfg.model_copy(update={"micro_batch_size": micro})
-    learner.optimizer.zero_grad(set_to_none=True)
+    learner.policy.optimizer.zero_grad(set_to_none=True)
     metrics = learner.accumulate(learner.train_data.step(0, 8), backward=True)
-    grads = {n: p.grad.clone() for n, p in learner.policy.named_parameters() if p.grad is not None}
-    learner.optimizer.zero_grad(set_to_none=True)
+    grads = {n: p.grad.clone() for n, p in learner.policy.model.named_parameters() if p.grad is not None}
+    learner.policy.optimizer.zero_grad(set_to_none=True)
     return grads, metrics["loss"]
 
 
@@ -73,10 +73,10 @@ def test_resume_reproduces_the_uninterrupted_curve(tmp_path: Path) -> None:
 
 def test_evaluate_reports_held_out_loss_without_training(tiny_model_dir: Path) -> None:
     learner = make_learner(tiny_model_dir)
-    before = {n: p.detach().clone() for n, p in learner.policy.named_parameters()}
+    before = {n: p.detach().clone() for n, p in learner.policy.model.named_parameters()}
     metrics = learner.evaluate()
     assert metrics["loss"] > 0 and metrics["documents"] == 64
-    assert all(torch.equal(before[n], p) for n, p in learner.policy.named_parameters())
+    assert all(torch.equal(before[n], p) for n, p in learner.policy.model.named_parameters())
 
 
 @pytest.mark.parametrize(("override", "expected"), [

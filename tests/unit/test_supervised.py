@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
+from toolbox.models.logprobs import token_logprobs
 from toolbox.objectives.supervised import (
     document_mean_nll,
     document_weights,
     masked_nll,
     shift_targets,
-    token_logprobs,
 )
 
 

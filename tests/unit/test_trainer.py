@@ -1,4 +1,5 @@
-"""The driver loop (`BaseTrainer.fit` via `OnlineTrainer`) with in-process fake workers in `LocalGroup`s: no model, no Ray."""
+"""The driver loop (`BaseTrainer.fit` via `OnlineTrainer`) with in-process fake workers in `LocalGroup`s behind the
+real typed role groups (`toolbox.actors.roles`): no model, no Ray."""
 
 from __future__ import annotations
 
@@ -6,15 +7,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
+import torch
 from toolbox.actors.group import LocalGroup
+from toolbox.actors.roles import PolicyLearnerGroup, RewardGroup, RolloutGroup
+
+from toolbox.algorithms.grpo.config import GRPOConfig
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.errors import WorkerError
 from toolbox.core.events import Event, EventBus
 from toolbox.data.prompts import PromptSource
 from toolbox.data.tasks import TASKS
-from toolbox.engines.base import PromptRequest, SamplingConfig
-from toolbox.algorithms.grpo.config import GRPOConfig
+from toolbox.engines.base import SamplingConfig
+from toolbox.rewards.base import RewardResult
+from toolbox.rl.batch import PromptRequest
 from toolbox.trainers.base import BaseTrainer
 from toolbox.trainers.online import OnlineTrainer
 
@@ -31,19 +36,21 @@ class FakeRollout:
         self.calls: list[tuple[int, float]] = []  # (requests, temperature)
         self.weights: list[Any] = []
 
-    def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> dict[str, Any]:
+    def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> dict[str, int]:
+        """Stands in for a RolloutBatch: it only says how many rows it has."""
         assert all(isinstance(r, PromptRequest) for r in requests)
         self.calls.append((len(requests), sampling.temperature))
-        return {"batch": {"rows": len(requests)}, "rows": len(requests)}
+        return {"rows": len(requests)}
 
-    def update_weights(self, bucket_refs: list[Any]) -> int:
+    def update_weights(self, bucket_refs: list[Any]) -> float:
         self.weights.append(bucket_refs)
-        return 0
+        return 0.0
 
 
 class FakeReward:
-    def score(self, batch: dict[str, int]) -> dict[str, Any]:
-        return {"result": {"scored": batch["rows"]}, "metrics": {"reward": 0.25}, "informative": {0: True}}
+    def score(self, batch: dict[str, int]) -> RewardResult:
+        n = batch["rows"]
+        return RewardResult(torch.full((n,), 0.25), torch.zeros(n, dtype=torch.long), [""] * n)
 
 
 class FakeLearner:
@@ -53,8 +60,13 @@ class FakeLearner:
         self.rank, self.start, self.fail_at = rank, start, fail_at
         self.updates, self.saved, self.loaded = 0, [], []
 
-    def update(self, batch_refs: list[Any], reward_refs: list[Any], keep: list[int] | None = None) -> dict[str, float]:
-        assert [b["rows"] for b in batch_refs] == [r["scored"] for r in reward_refs]
+    def plan(self, batches: list[dict[str, int]], rewards: list[RewardResult], keep: list[int] | None) -> dict[str, Any]:
+        """Rank 0 alone plans a step, from every shard and its rewards."""
+        assert self.rank == 0 and [b["rows"] for b in batches] == [len(r) for r in rewards]
+        return {"shards": len(batches)}
+
+    def update(self, plan: dict[str, Any], batches: list[dict[str, int]]) -> dict[str, float]:
+        assert plan == {"shards": len(batches)}
         if self.fail_at is not None and self.updates == self.fail_at:
             raise RuntimeError("boom")
         self.updates += 1
@@ -89,8 +101,9 @@ def make_trainer(tmp_path: Path, learners: list[FakeLearner] | None = None, **cf
                "learner": learners or [FakeLearner(0), FakeLearner(1)]}
     prompts = PromptSource(TASKS.build({"name": "digit_add"}), CharTokenizer(), seed=0)
     trainer = OnlineTrainer(TrainerConfig(**cfg), bus, ALGO, SamplingConfig(temperature=1.0), prompts,
-                          LocalGroup("rollout", workers["rollout"]), LocalGroup("reward", workers["reward"]),
-                          LocalGroup("learner", workers["learner"]), tmp_path, experiment="fake")
+                            RolloutGroup(LocalGroup("rollout", workers["rollout"])),
+                            RewardGroup(LocalGroup("reward", workers["reward"])),
+                            PolicyLearnerGroup(LocalGroup("learner", workers["learner"])), tmp_path, experiment="fake")
     return trainer, recorder, workers
 
 
@@ -139,7 +152,7 @@ def test_step_metrics_are_rank_means(tmp_path: Path) -> None:
     trainer.fit()
     steps = [p["metrics"] for e, p in rec.events if e is Event.STEP_END]
     assert [m["reward"] for m in steps] == [0.5, 1.5]  # ranks report k and k + 1
-    assert all({"loss", "generate_s", "reward_s", "train_s", "sync_s", "step_time_s"} <= m.keys() for m in steps)
+    assert all({"loss", "sync_s", "driver_wait_s", "step_time_s"} <= m.keys() for m in steps)
 
 
 def test_defaults_save_only_at_the_end_and_never_evaluate(tmp_path: Path) -> None:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from toolbox.algorithms.pieces import DynamicSampling, GroupSampling
 from toolbox.config.algorithm import AlgorithmConfig
 from toolbox.core.events import EventBus
-from toolbox.core.registry import Registry
+from toolbox.core.registry import Registry, Spec
+from toolbox.data.prompts import PromptSource
 from toolbox.trainers.base import BaseTrainer
+from toolbox.trainers.roles import PolicyLearnerRole, RewardRole, RolloutRole
 
 if TYPE_CHECKING:
     from toolbox.experiment import ExperimentBuilder
@@ -33,35 +36,54 @@ def register_algorithm(name: str, config: type[AlgorithmConfig]) -> Callable[[Wi
     return ALGORITHMS.register(name, config=config)
 
 
-def policy_wiring(builder: ExperimentBuilder, bus: EventBus, learner_cls: type, algo: GroupSampling,
-                  dynamic: DynamicSampling | None = None) -> BaseTrainer:
-    """Rollout workers, reward workers and a learner group of ``learner_cls`` around the online policy loop."""
+@dataclass
+class PolicyRoles:
+    """What an online policy algorithm's loop drives: rollout, reward and learner groups, and the prompts."""
+
+    rollout: RolloutRole
+    reward: RewardRole
+    learner: PolicyLearnerRole
+    prompts: PromptSource
+
+
+def policy_roles(builder: ExperimentBuilder, learner_cls: type, algo: AlgorithmConfig) -> PolicyRoles:
+    """Rollout workers, reward workers and a learner group of ``learner_cls`` ranks (built inside each rank's actor,
+    after its process group exists, from ``learner_cls(model_path, dtype, learner_cfg, algo, total_steps)``)."""
     from toolbox.actors.reward import RewardWorker
+    from toolbox.actors.roles import PolicyLearnerGroup, RewardGroup, RolloutGroup
     from toolbox.actors.rollout import RolloutWorker
-    from toolbox.data.prompts import PromptSource
     from toolbox.data.tasks import TASKS
     from toolbox.engines import ENGINES
     from toolbox.models.loading import load_tokenizer
-    from toolbox.trainers.online import OnlineTrainer
 
     c, path = builder.cfg, builder.model_path
-    rollout = builder.group(
-        "rollout", RolloutWorker, c.rollout.num_workers,
-        lambda r: dict(rank=r, build=partial(build_engine, ENGINES, c.rollout.engine, path, c.model.dtype, c.trainer.seed)),
+    engine = partial(build_engine, ENGINES, c.rollout.engine, path, c.model.dtype, c.trainer.seed)
+    rollout = RolloutGroup(builder.group(
+        "rollout", RolloutWorker, c.rollout.num_workers, lambda r: dict(rank=r, build=engine),
         c.rollout.timeout_s, c.rollout.cpus_per_worker, c.rollout.gpus_per_worker,
-    )
-    reward = builder.group(
+    ))
+    reward = RewardGroup(builder.group(
         "reward", RewardWorker, c.reward.num_workers,
         lambda r: dict(rank=r, spec=c.reward.spec, run=c.reward.run, model_path=path),
         c.reward.timeout_s, c.reward.cpus_per_worker, 0.0,
-    )
-    learner = builder.learner_group(partial(learner_cls, path, c.model.dtype, c.learner, algo, c.trainer.total_steps))
-    prompts = PromptSource(TASKS.build(c.task), load_tokenizer(path), c.trainer.seed)
-    return OnlineTrainer(builder.trainer_config(), bus, algo, c.rollout.sampling, prompts, rollout, reward, learner,
-                         builder.run_dir, c.experiment, dynamic=dynamic)
+    ))
+    learner = PolicyLearnerGroup(builder.learner_group(
+        partial(learner_cls, path, c.model.dtype, c.learner, algo, c.trainer.total_steps)))
+    return PolicyRoles(rollout, reward, learner, PromptSource(TASKS.build(c.task), load_tokenizer(path), c.trainer.seed))
 
 
-def build_engine(engines: Registry, spec: dict[str, Any], model_path: str, dtype: str, seed: int, rank: int) -> Any:
+def policy_wiring(builder: ExperimentBuilder, bus: EventBus, learner_cls: type, algo: GroupSampling,
+                  dynamic: DynamicSampling | None = None) -> BaseTrainer:
+    """`policy_roles` around the shared online policy loop."""
+    from toolbox.trainers.online import OnlineTrainer
+
+    assert isinstance(algo, AlgorithmConfig)
+    c, roles = builder.cfg, policy_roles(builder, learner_cls, algo)
+    return OnlineTrainer(builder.trainer_config(), bus, algo, c.rollout.sampling, roles.prompts, roles.rollout,
+                         roles.reward, roles.learner, builder.run_dir, c.experiment, dynamic=dynamic)
+
+
+def build_engine(engines: Registry, spec: Spec, model_path: str, dtype: str, seed: int, rank: int) -> Any:
     """Rollout worker ``rank``'s engine (each rank samples with its own seed)."""
     return engines.build(spec, inject={"model_path": model_path, "dtype": dtype, "seed": seed + 1000 * rank})
 
@@ -69,10 +91,11 @@ def build_engine(engines: Registry, spec: dict[str, Any], model_path: str, dtype
 def offline_wiring(builder: ExperimentBuilder, bus: EventBus, learner_cls: type,
                    summary_metrics: tuple[str, ...] = ("loss",)) -> BaseTrainer:
     """A learner group of ``learner_cls`` ranks (each reads the dataset itself) driven by the offline loop."""
+    from toolbox.actors.roles import OfflineLearnerGroup
     from toolbox.trainers.offline import OfflineTrainer
 
     c = builder.cfg
     build = partial(learner_cls, builder.model_path, c.model.dtype, c.learner, c.algorithm, c.trainer.total_steps,
                     c.task, c.trainer.seed)
-    learner = builder.learner_group(build)
+    learner = OfflineLearnerGroup(builder.learner_group(build))
     return OfflineTrainer(builder.trainer_config(), bus, learner, builder.run_dir, c.experiment, summary_metrics)

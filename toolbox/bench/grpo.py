@@ -38,9 +38,9 @@ def main(argv: list[str]) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from toolbox.algorithms.grpo.config import GRPOConfig
     from toolbox.config import load_config
     from toolbox.experiment import ExperimentBuilder, ray_init_kwargs
-    from toolbox.algorithms.grpo.config import GRPOConfig
 
     run_root = tempfile.mkdtemp(prefix="bench-grpo-")
     cfg = load_config([f"trainer.total_steps={args.steps + args.warmup}", "trainer.eval_every=0", "callbacks=[]",

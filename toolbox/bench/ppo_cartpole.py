@@ -37,14 +37,14 @@ class Run:
 
 def run_toolbox(seed: int, target: float, max_steps: int, overrides: list[str]) -> Run:
     """Our ``ppo_cartpole`` experiment on the running Ray instance, stopped at a training-return mean of ``target``."""
+    from toolbox.algorithms.ppo_env.config import PPOEnvConfig
     from toolbox.config import load_config
     from toolbox.experiment import ExperimentBuilder
-    from toolbox.algorithms.ppo_env.config import PPOEnvConfig
 
     base = load_config(["experiment=ppo_cartpole", *overrides])
     if not isinstance(base.algorithm, PPOEnvConfig):
         raise SystemExit(f"algorithm.name must stay ppo_env, got {base.algorithm.name!r}")
-    per_step = base.rollout.num_workers * base.env.num_envs * base.algorithm.steps_per_env
+    per_step = base.env.num_workers * base.env.num_envs * base.algorithm.steps_per_env
     cfg = load_config(["experiment=ppo_cartpole", f"trainer.run_root={tempfile.mkdtemp(prefix='bench-ppo-')}",
                        "callbacks=[]", "trainer.eval_every=0", f"trainer.seed={seed}",
                        f"trainer.total_steps={max(1, max_steps // per_step)}", f"algorithm.target_return={target}",

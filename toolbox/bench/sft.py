@@ -16,9 +16,9 @@ from toolbox.bench._offline import Timing, compare, parser, records, run_learner
 
 
 def run_toolbox(args: argparse.Namespace, model_dir: str) -> Timing:
-    from toolbox.learner.config import LearnerConfig, OptimConfig
-    from toolbox.algorithms.sft.learner import SFTLearner
     from toolbox.algorithms.sft.config import SFTConfig
+    from toolbox.algorithms.sft.learner import SFTLearner
+    from toolbox.learner.config import LearnerConfig, OptimConfig
 
     cfg = LearnerConfig(num_workers=1, strategy="single", micro_batch_size=args.batch_size,
                         optim=OptimConfig(lr=1e-4, scheduler="constant"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +51,8 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
     return out
 
 
-def default_name(path: str) -> str | None:
-    """The ``name`` a named section (``algorithm``, ``task``, ``rollout.engine``, ...) has when a config omits it."""
+def schema_default(path: str) -> Any:
+    """The schema's default of the field at dotted ``path`` (``rollout.engine``, ``callbacks``); None if no such field."""
     model: Any = ExperimentConfig
     value: Any = None
     for part in path.split("."):
@@ -62,6 +61,12 @@ def default_name(path: str) -> str | None:
             return None
         value = field.get_default(call_default_factory=True)
         model = field.annotation
+    return value
+
+
+def default_name(path: str) -> str | None:
+    """The ``name`` a named section (``algorithm``, ``task``, ``rollout.engine``, ...) has when a config omits it."""
+    value = schema_default(path)
     name = value.get("name") if isinstance(value, dict) else getattr(value, "name", None)
     return name if isinstance(name, str) else None
 
@@ -70,58 +75,49 @@ def merge(base: dict[str, Any], over: dict[str, Any], path: str = "") -> dict[st
     """Recursive dict merge; ``over`` wins. A list index key ('callbacks.0.x') edits that list element.
 
     A named section whose ``name`` changes (``algorithm.name=online_dpo`` over a GRPO base) is replaced,
-    not merged: the previous component's options do not apply to the new one.
+    not merged: the previous component's options do not apply to the new one. An index edit of a list the
+    base leaves out edits the schema's default list (``callbacks.0.name=x`` on an experiment without
+    ``callbacks``).
     """
     out = dict(base)
     for key, value in over.items():
-        current = out.get(key)
         where = f"{path}.{key}" if path else key
-        if isinstance(current, dict) and isinstance(value, dict) and _renamed(current, value, where):
-            out[key] = value
-        elif isinstance(current, dict) and isinstance(value, dict):
-            out[key] = merge(current, value, where)
-        elif isinstance(current, list) and isinstance(value, dict) and all(k.isdigit() for k in value):
-            items = list(current)
-            for idx, item in value.items():
-                i = int(idx)
-                if i >= len(items):
-                    raise ConfigError(f"override {key}.{idx}: {key} has only {len(items)} entries")
-                items[i] = merge(items[i], item) if isinstance(items[i], dict) and isinstance(item, dict) else item
-            out[key] = items
-        else:
-            out[key] = value
+        current = out[key] if key in out else _default_list(where, value)
+        out[key] = _merged(current, value, where)
     return out
+
+
+def _merged(current: Any, value: Any, where: str) -> Any:
+    """``value`` laid over ``current`` (the value at ``where`` before the override)."""
+    if isinstance(current, dict) and isinstance(value, dict):
+        return value if _renamed(current, value, where) else merge(current, value, where)
+    if isinstance(current, list) and _is_index_edit(value):
+        items = list(current)
+        for idx, item in value.items():
+            i = int(idx)
+            if i >= len(items):
+                raise ConfigError(f"override {where}.{idx}: {where} has only {len(items)} entries")
+            items[i] = _merged(items[i], item, f"{where}.{idx}")
+        return items
+    return value
+
+
+def _is_index_edit(value: Any) -> bool:
+    return isinstance(value, dict) and bool(value) and all(isinstance(k, str) and k.isdigit() for k in value)
+
+
+def _default_list(path: str, value: Any) -> Any:
+    """The schema's default list at ``path`` as plain data, when ``value`` edits it by index; else None."""
+    default = schema_default(path) if _is_index_edit(value) else None
+    if not isinstance(default, list):
+        return None
+    return [item.model_dump(exclude_unset=True) if isinstance(item, BaseModel) else item for item in default]
 
 
 def _renamed(current: dict[str, Any], value: dict[str, Any], path: str) -> bool:
     if "name" not in value:
         return False
     return current.get("name", default_name(path)) != value["name"]
-
-
-def with_defaults(model: type[BaseModel], data: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``data`` plus the schema default of every spec dict or list that ``over`` edits inside but ``data`` omits.
-
-    Without this, ``callbacks.0.name=x`` or ``rollout.engine.max_batch_size=64`` on an experiment that
-    leaves those fields at their defaults would replace the whole default instead of editing it.
-    """
-    out = dict(data)
-    for key, value in over.items():
-        field = model.model_fields.get(key)
-        if field is None or not isinstance(value, dict):
-            continue
-        ann = field.annotation
-        if inspect.isclass(ann) and issubclass(ann, BaseModel):
-            current = out.get(key)
-            if current is None or isinstance(current, dict):
-                sub = with_defaults(ann, current or {}, value)
-                if sub or key in out:
-                    out[key] = sub
-        elif key not in out:
-            default = field.get_default(call_default_factory=True)
-            if isinstance(default, (dict, list)):
-                out[key] = default
-    return out
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -151,7 +147,7 @@ def load_config(args: list[str] | None = None) -> ExperimentConfig:
     name = str(overrides.pop("experiment", "grpo_tiny"))
     path = experiment_path(name)
     data = read_experiment(path)
-    data = merge(with_defaults(ExperimentConfig, data, overrides), overrides)
+    data = merge(data, overrides)
     data["experiment"] = Path(name).stem
     try:
         return ExperimentConfig.model_validate(data)

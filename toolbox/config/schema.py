@@ -2,26 +2,35 @@
 
 Each component's own options live next to the component (``SamplingConfig`` in
 engines, ``LearnerConfig`` in learner, ...); this module composes them and checks
-what spans sections: registry names and options, and the batch arithmetic.
+what spans sections: the batch arithmetic and the strategy's rank count. A section
+that selects a registry entry (``algorithm``, ``task``, ``rollout.engine``,
+``reward.spec``, ``callbacks[i]``) is typed by the entry its ``name`` picks, so a
+field the entry does not take is an error naming its path.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
+from toolbox.callbacks import CALLBACKS
 from toolbox.config.algorithm import DEFAULT_ALGORITHM, AlgorithmConfig
 from toolbox.core.errors import ConfigError
-from toolbox.core.registry import Registry
+from toolbox.core.registry import Spec, SpecOf
+from toolbox.data.tasks import TASKS
 from toolbox.engines.base import ENGINES, SamplingConfig
+from toolbox.envs.config import EnvConfig
 from toolbox.learner.config import LearnerConfig
 from toolbox.models.loading import ModelConfig
 from toolbox.rewards.base import REWARDS
 from toolbox.rewards.runner import RewardRunConfig
-from toolbox.rl.envs import EnvConfig
 
-Spec = dict[str, Any]
+ENGINE = SpecOf(ENGINES, default="hf")
+REWARD = SpecOf(REWARDS, default="math")
+TASK = SpecOf(TASKS, default="digit_add")
+CALLBACK = SpecOf(CALLBACKS)
+DEFAULT_CALLBACKS = ("console", "jsonl", "tensorboard", "curves")
 
 
 def algorithm_config(section: Any) -> AlgorithmConfig:
@@ -31,16 +40,11 @@ def algorithm_config(section: Any) -> AlgorithmConfig:
     """
     if isinstance(section, AlgorithmConfig):
         return section
-    if not isinstance(section, dict):
-        raise ValueError(f"must be a mapping with a 'name', got {type(section).__name__}")
     from toolbox.algorithms import ALGORITHMS
 
-    name = section.get("name", DEFAULT_ALGORITHM)
-    if name not in ALGORITHMS:
-        raise ValueError(f"name: {name!r} is not a registered algorithm; allowed: {ALGORITHMS.names()}")
-    config = ALGORITHMS.get(name).config
-    assert config is not None and issubclass(config, AlgorithmConfig), f"algorithm {name!r} registered no config class"
-    return config.model_validate(section)
+    config = ALGORITHMS.parse(section, default=DEFAULT_ALGORITHM)
+    assert isinstance(config, AlgorithmConfig), f"algorithm {config!r} registered no AlgorithmConfig class"
+    return config
 
 
 class RolloutConfig(BaseModel):
@@ -48,7 +52,9 @@ class RolloutConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     num_workers: int = Field(1, ge=1, description="Rollout worker actors; prompts are split across them.")
-    engine: Spec = Field(default_factory=lambda: {"name": "hf"}, description="Engine spec: {'name': hf|vllm|sglang|http, **options}.")
+    engine: Annotated[SerializeAsAny[Spec], ENGINE] = Field(
+        default_factory=ENGINE.make_default, description="Generation engine: `name` selects it (default hf), "
+        "the rest are its options.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling for training rollouts.")
     cpus_per_worker: float = Field(0.25, gt=0, description="Ray CPUs reserved per rollout worker.")
     gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs reserved per rollout worker.")
@@ -60,7 +66,8 @@ class RewardConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     num_workers: int = Field(1, ge=1, description="Reward worker actors; rollout shards are spread across them.")
-    spec: Spec = Field(default_factory=lambda: {"name": "math"}, description="Reward spec: {'name': ..., **options}.")
+    spec: Annotated[SerializeAsAny[Spec], REWARD] = Field(
+        default_factory=REWARD.make_default, description="Reward: `name` selects it (default math), the rest are its options.")
     run: RewardRunConfig = Field(default_factory=RewardRunConfig, description="Per-batch deadline and threads.")
     cpus_per_worker: float = Field(0.1, gt=0, description="Ray CPUs reserved per reward worker.")
     timeout_s: float = Field(120.0, gt=0, description="Longest a reward call may take before the run fails.")
@@ -96,7 +103,9 @@ class ExperimentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     experiment: str = Field("grpo_tiny", description="Name of the experiment YAML under configs/experiments/.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
-    task: Spec = Field(default_factory=lambda: {"name": "digit_add"}, description="Prompt task spec: {'name': ..., **options}.")
+    task: Annotated[SerializeAsAny[Spec], TASK] = Field(
+        default_factory=TASK.make_default, description="Prompt task: `name` selects it (default digit_add), the rest "
+        "are its options.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout workers.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward workers.")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner group.")
@@ -105,9 +114,9 @@ class ExperimentConfig(BaseModel):
         "(any registered algorithm, plugins included).")
     env: EnvConfig = Field(default_factory=EnvConfig, description="The gymnasium env (classic-RL algorithms such as ppo_env only).")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Driver loop.")
-    callbacks: list[Spec] = Field(
-        default_factory=lambda: [{"name": "console"}, {"name": "jsonl"}, {"name": "tensorboard"}, {"name": "curves"}],
-        description="Callback specs, each {'name': ..., **options}.",
+    callbacks: list[Annotated[SerializeAsAny[Spec], CALLBACK]] = Field(
+        default_factory=lambda: [CALLBACK.parse({"name": name}) for name in DEFAULT_CALLBACKS],
+        description="Callbacks, each `name` and its options.",
     )
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray connection.")
 
@@ -118,15 +127,6 @@ class ExperimentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
-        from toolbox.callbacks import CALLBACKS
-        from toolbox.data.tasks import TASKS
-
-        specs: list[tuple[Registry, str, Spec]] = [
-            (TASKS, "task", self.task), (ENGINES, "rollout.engine", self.rollout.engine), (REWARDS, "reward.spec", self.reward.spec),
-        ]
-        specs += [(CALLBACKS, f"callbacks.{i}", spec) for i, spec in enumerate(self.callbacks)]
-        for registry, path, spec in specs:
-            spec.update(registry.validate(spec, path))
         self.algorithm.check(self)
         if self.learner.strategy == "single" and self.learner.num_workers != 1:
             raise ConfigError(f"learner.strategy 'single' runs one rank; learner.num_workers is {self.learner.num_workers} "

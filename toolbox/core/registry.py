@@ -1,11 +1,14 @@
 """Named registries: every name a config can select lives in one.
 
-`Registry.build({"name": "exact_match", ...}, inject={...})` validates the
-remaining keys against the entry's pydantic config (if it has one) and passes an
-injected dependency only when the factory's signature accepts it. Third-party
-packages add entries through the ``toolbox.plugins`` entry-point group: each
-entry point is a module (or callable) that is imported/called once, and registers
-its entries as a side effect.
+A config selects an entry with a *spec*: ``{"name": "exact_match", **options}``. `Registry.parse`
+validates it into a typed `Spec` whose model (`Registry.spec_model`) is built from the entry: a
+``name: Literal[name]`` field plus the fields (and validators) of the entry's pydantic config.
+`Registry.build(spec, inject={...})` constructs the entry from a typed spec or a plain dict, passing
+an injected dependency only when the factory's signature accepts it. A config field declares
+``Annotated[SerializeAsAny[Spec], SpecOf(REGISTRY, default="name")]`` to hold one.
+
+Third-party packages add entries through the ``toolbox.plugins`` entry-point group: each entry point
+is a module (or callable) that is imported/called once, and registers its entries as a side effect.
 """
 
 from __future__ import annotations
@@ -14,14 +17,24 @@ import importlib.metadata
 import inspect
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, create_model
+from pydantic_core import CoreSchema, InitErrorDetails, PydanticCustomError, core_schema
 
 from toolbox.core.errors import ConfigError, RegistryError
 
 T = TypeVar("T")
 PLUGIN_GROUP = "toolbox.plugins"
+# Errors whose message already says what was given: the formatter adds no "(got ...)".
+_SELF_DESCRIBING = {"missing", "unregistered", "no_options"}
+
+
+class Spec(BaseModel):
+    """A selection of one registry entry: its ``name`` and, in the per-entry subclass, its options."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="Registered name of the entry.")
 
 
 @dataclass(frozen=True)
@@ -39,6 +52,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
+        self._spec_models: dict[str, type[BaseModel]] = {}
 
     def register(
         self, name: str, *, config: type[BaseModel] | None = None
@@ -71,47 +85,113 @@ class Registry(Generic[T]):
         load_plugins()
         return name in self._entries
 
-    def validate(self, spec: Mapping[str, Any], path: str) -> dict[str, Any]:
-        """Check ``spec`` ({"name": ..., **options}) and return it with defaults filled in.
+    def spec_model(self, name: str) -> type[BaseModel]:
+        """The pydantic model of a spec selecting ``name`` (built once).
 
-        Errors name the config path (``reward.spec.timeout_s``) and the allowed values.
+        A `Spec` subclass with ``name: Literal[name]`` and the entry config's fields and validators; an
+        entry without a config takes no options. A config that declares ``name`` itself (an algorithm's)
+        already is the whole section, so it is its own spec model.
         """
-        name = spec.get("name")
+        model = self._spec_models.get(name)
+        if model is None:
+            config = self.get(name).config
+            if config is not None and "name" in config.model_fields:
+                model = config
+            else:
+                bases = (Spec,) if config is None else (config, Spec)
+                title = "".join(part.title() for part in name.split("_")) + self.kind.title() + "Spec"
+                tag = cast(Any, Literal)[name]
+                model = create_model(title, __base__=bases, __module__=__name__,
+                                     name=(tag, Field(name, description=f"Selects the {self.kind} {name!r}.")))
+            self._spec_models[name] = model
+        return model
+
+    def parse(self, spec: Any, default: str | None = None) -> BaseModel:
+        """Validate ``spec`` ({"name": ..., **options}; ``name`` may be left out when ``default`` names it).
+
+        Raises a pydantic `ValidationError` located at the spec's own fields (``name``, ``timeout_s``), so a
+        config field holding a spec reports the full path (``reward.spec.timeout_s``). A spec already built
+        by this registry passes through.
+        """
+        if isinstance(spec, BaseModel):
+            name = getattr(spec, "name", None)
+            if isinstance(name, str) and type(spec) is self._spec_models.get(name):
+                return spec
+            spec = spec.model_dump()
+        if not isinstance(spec, Mapping):
+            article = "an" if self.kind[:1] in set("aeiou") else "a"
+            raise _error("not_a_spec", f"must be a mapping with a 'name' ({article} {self.kind} spec)", (), spec)
+        name = spec.get("name", default)
         if not isinstance(name, str) or name not in self:
-            raise ConfigError(f"{path}.name: {name!r} is not a registered {self.kind}; allowed: {self.names()}")
-        options = {k: v for k, v in spec.items() if k != "name"}
-        entry = self.get(name)
-        if entry.config is None:
-            if options:
-                raise ConfigError(f"{path}: {self.kind} {name!r} takes no options, got {sorted(options)}")
-            return {"name": name}
+            raise _error("unregistered", f"{name!r} is not a registered {self.kind}; allowed: {self.names()}",
+                         ("name",), name)
+        model = self.spec_model(name)
+        options = sorted(k for k in spec if k != "name")
+        if self.get(name).config is None and options:
+            raise _error("no_options", f"{self.kind} {name!r} takes no options, got {options}", (), dict(spec))
+        return model.model_validate({"name": name, **spec})
+
+    def validate(self, spec: Any, path: str) -> dict[str, Any]:
+        """Check ``spec`` and return it with defaults filled in, as a dict.
+
+        Errors are `ConfigError`s naming the config path (``reward.spec.timeout_s``) and the allowed values.
+        """
         try:
-            model = entry.config.model_validate(options)
+            return self.parse(spec).model_dump()
         except ValidationError as err:
             raise ConfigError(_format_validation(err, path)) from None
-        return {"name": name, **model.model_dump()}
 
-    def build(self, spec: Mapping[str, Any], inject: Mapping[str, Any] | None = None) -> T:
-        """Construct the entry named by ``spec['name']``.
+    def build(self, spec: BaseModel | Mapping[str, Any], inject: Mapping[str, Any] | None = None) -> T:
+        """Construct the entry that ``spec`` (typed, or a ``{"name": ..., **options}`` dict) selects.
 
-        Options are validated by the entry's config model and passed as a ``config``
-        argument when the factory takes one, else as keyword arguments. Injected
-        dependencies are passed only if the factory's signature names them.
+        Options are validated by the entry's config model and passed as a ``config`` argument when the
+        factory takes one, else as keyword arguments. Injected dependencies are passed only if the
+        factory's signature names them.
         """
-        name = spec["name"]
-        entry = self.get(name)
-        options = {k: v for k, v in spec.items() if k != "name"}
+        typed = self.parse(spec)
+        entry = self.get(typed.model_dump(include={"name"})["name"])  # every spec model has a `name`
         params = inspect.signature(entry.factory).parameters
         kwargs = {k: v for k, v in (inject or {}).items() if k in params}
         if entry.config is not None:
-            cfg = entry.config.model_validate(options)
+            # The typed spec subclasses the config; the factory gets the config class itself.
+            cfg = entry.config.model_validate({k: getattr(typed, k) for k in entry.config.model_fields})
             if "config" in params:
                 kwargs["config"] = cfg
             else:
                 kwargs.update(cfg.model_dump())
-        else:
-            kwargs.update(options)
         return entry.factory(**kwargs)
+
+
+@dataclass(frozen=True)
+class SpecOf:
+    """``Annotated`` metadata of a config field holding a spec of ``registry``: validates by dispatching on ``name``.
+
+    ``default`` is the name a spec that leaves ``name`` out selects (``rollout.engine.max_batch_size=64`` edits
+    the default engine). Use with ``SerializeAsAny[Spec]`` so a dump keeps every option of the chosen entry.
+    """
+
+    registry: Registry[Any]
+    default: str | None = None
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_before_validator_function(self.parse, handler(source))
+
+    def parse(self, value: Any) -> Spec:
+        """``value`` validated into the spec model of the entry it names."""
+        spec = self.registry.parse(value, self.default)
+        if not isinstance(spec, Spec):  # a registry whose configs declare `name` (algorithms) holds no specs
+            raise TypeError(f"{self.registry.kind} {spec!r}: its config declares `name`; SpecOf is for spec registries")
+        return spec
+
+    def make_default(self) -> Spec:
+        """The default spec (the ``default`` entry with its default options): a field's ``default_factory``."""
+        return self.parse({})
+
+
+def _error(kind: str, message: str, loc: tuple[str, ...], value: Any) -> ValidationError:
+    """A one-line `ValidationError` of type ``kind`` at ``loc`` (relative to the spec)."""
+    detail = InitErrorDetails(type=PydanticCustomError(kind, "{message}", {"message": message}), loc=loc, input=value)
+    return ValidationError.from_exception_data("spec", [detail])
 
 
 def _format_validation(err: ValidationError, path: str, tagged: Collection[str] = ()) -> str:
@@ -126,7 +206,8 @@ def _format_validation(err: ValidationError, path: str, tagged: Collection[str] 
         if len(parts) >= 2 and parts[0] in tagged:
             del parts[1]
         loc = ".".join(str(p) for p in (path, *parts) if p != "")
-        lines.append(f"{loc}: {e['msg']}" + (f" (got {e['input']!r})" if "input" in e and e["type"] != "missing" else ""))
+        given = "input" in e and e["type"] not in _SELF_DESCRIBING
+        lines.append(f"{loc}: {e['msg']}" + (f" (got {e['input']!r})" if given else ""))
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from toolbox.data.tasks import Task
-from toolbox.engines.base import PromptRequest
+from toolbox.rl.batch import PromptRequest
 
 
 class PromptSource:

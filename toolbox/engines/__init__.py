@@ -1,6 +1,8 @@
 """Generation engines behind one interface: transformers (CPU default), vLLM, SGLang, HTTP."""
 
-from toolbox.engines.base import ENGINES, InferenceEngine, PromptRequest, SamplingConfig
+# PromptRequest lives in toolbox.rl.batch; it is re-exported here for actors/rollout.py until that imports it there.
+from toolbox.engines.base import ENGINES, InferenceEngine, SamplingConfig
+from toolbox.rl.batch import PromptRequest
 
 __all__ = ["ENGINES", "InferenceEngine", "PromptRequest", "SamplingConfig"]
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolbox.core.registry import Registry
-from toolbox.rl.batch import RolloutBatch
+from toolbox.rl.batch import PromptRequest, RolloutBatch
 from toolbox.rl.weights import WeightBucket
 
 
@@ -20,15 +19,6 @@ class SamplingConfig(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     max_new_tokens: int = Field(8, ge=1, description="Longest response; longer ones finish with reason 'length'.")
     stop_at_eos: bool = Field(True, description="End a response at the tokenizer's EOS token.")
-
-
-@dataclass(frozen=True)
-class PromptRequest:
-    """One prompt to sample from: token ids, the group it belongs to, small metadata for the reward."""
-
-    ids: list[int]
-    group: int
-    extras: dict[str, Any] = field(default_factory=dict)
 
 
 class InferenceEngine(Protocol):

@@ -7,9 +7,10 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolbox.engines.base import ENGINES, PromptRequest, SamplingConfig
+from toolbox.engines.base import ENGINES, SamplingConfig
 from toolbox.models.loading import load_causal_lm, load_tokenizer
-from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, RolloutBatch
+from toolbox.models.logprobs import token_logprobs
+from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest, RolloutBatch
 from toolbox.rl.weights import WeightBucket, load_into
 
 
@@ -63,9 +64,7 @@ class HFEngine:
             output_logits=True,
         )
         response = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float()
-        scale = 1.0 if greedy else sampling.temperature
-        logp = torch.log_softmax(logits / scale, dim=-1).gather(-1, response.unsqueeze(-1)).squeeze(-1)
+        logp = token_logprobs(torch.stack(out.logits, dim=1), response, 1.0 if greedy else sampling.temperature)
         mask, finish = _response_mask(response, eos if sampling.stop_at_eos else None)
         return RolloutBatch(
             prompt_ids_BP=prompt_ids,

@@ -19,10 +19,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolbox.engines.base import ENGINES, PromptRequest, SamplingConfig
-from toolbox.engines.vllm import Sample, batch_from_samples, finish_code, request_seeds
+from toolbox.engines.base import ENGINES, SamplingConfig
+from toolbox.engines.common import Sample, batch_from_samples, finish_code, request_seeds
 from toolbox.models.loading import load_tokenizer
-from toolbox.rl.batch import FINISH_STOP, RolloutBatch
+from toolbox.rl.batch import FINISH_STOP, PromptRequest, RolloutBatch
 from toolbox.rl.weights import WeightBucket
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class HTTPEngine:
         self._rng = random.Random(seed)
 
     def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
-        seeds = request_seeds(self._rng, len(requests)) if self.config.seeded else [None] * len(requests)
+        seeds = request_seeds(self._rng, len(requests), self.config.seeded)
         with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
             samples = list(pool.map(lambda i: self._complete(requests[i], sampling, seeds[i], i), range(len(requests))))
         return batch_from_samples(requests, samples, int(self.tokenizer.pad_token_id))

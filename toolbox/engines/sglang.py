@@ -19,10 +19,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolbox.engines.base import ENGINES, PromptRequest, SamplingConfig
-from toolbox.engines.vllm import Sample, batch_from_samples, finish_code
+from toolbox.engines.base import ENGINES, SamplingConfig
+from toolbox.engines.common import Sample, batch_from_samples, finish_code, tensor_bytes
 from toolbox.models.loading import load_tokenizer
-from toolbox.rl.batch import RolloutBatch
+from toolbox.rl.batch import PromptRequest, RolloutBatch
 from toolbox.rl.weights import WeightBucket, unpack_bucket
 
 
@@ -101,7 +101,7 @@ class SGLangEngine:
                 named_tensors=named, load_format=None, flush_cache=k == len(buckets) - 1
             )
             _check(result, f"update_weights_from_tensor (bucket {k})")
-            loaded += sum(t.numel() * t.element_size() for _, t in named)
+            loaded += tensor_bytes(t for _, t in named)
         return loaded
 
     def sleep(self, level: int = 1) -> None:

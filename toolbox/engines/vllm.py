@@ -4,86 +4,24 @@ Weight sync uses vLLM's ``ipc`` backend (``init_weight_transfer_engine`` / ``sta
 ``update_weights`` / ``finish_weight_update``, docs.vllm.ai "training/weight_transfer"): each bucket is
 copied onto the GPU(s) this process shares with vLLM and handed over as CUDA IPC handles.
 
-Also home of the helpers the non-HF engines share (`Sample`, `batch_from_samples`, `finish_code`,
-`request_seeds`). Not covered without a GPU: unit tests use a fake ``vllm`` module; the IPC path
-runs only on a GPU machine.
+Not covered without a GPU: unit tests use a fake ``vllm`` module; the IPC path runs only on a GPU
+machine.
 """
 
 from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolbox.engines.base import ENGINES, PromptRequest, SamplingConfig
+from toolbox.engines.base import ENGINES, SamplingConfig
+from toolbox.engines.common import Sample, batch_from_samples, finish_code, request_seeds, tensor_bytes
 from toolbox.models.loading import load_tokenizer
-from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, RolloutBatch
+from toolbox.rl.batch import PromptRequest, RolloutBatch
 from toolbox.rl.weights import WeightBucket, unpack_bucket
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One completion: response token ids, the behaviour log-prob of each, and a finish code."""
-
-    ids: list[int]
-    logprobs: list[float]
-    finish: int
-
-
-def finish_code(reason: Any, where: str) -> int:
-    """Map an engine's finish reason ("stop" / "length") to FINISH_STOP / FINISH_LENGTH.
-
-    Anything else (an abort, a content filter, None) is an infrastructure failure, never a
-    silently short sample, so it raises.
-    """
-    if reason == "stop":
-        return FINISH_STOP
-    if reason == "length":
-        return FINISH_LENGTH
-    raise RuntimeError(f"{where}: generation ended with finish reason {reason!r}; expected 'stop' or 'length'")
-
-
-def request_seeds(rng: random.Random, n: int) -> list[int]:
-    """Distinct per-request seeds: rows of one group share a prompt and must not share a seed."""
-    return [rng.randrange(2**31 - 1) for _ in range(n)]
-
-
-def batch_from_samples(requests: list[PromptRequest], samples: list[Sample], pad_id: int) -> RolloutBatch:
-    """Left-pad prompts, right-pad responses, and stack per-request samples into a `RolloutBatch`."""
-    if len(samples) != len(requests):
-        raise ValueError(f"engine returned {len(samples)} completions for {len(requests)} prompts")
-    for i, s in enumerate(samples):
-        if len(s.ids) != len(s.logprobs):
-            raise ValueError(f"row {i}: {len(s.ids)} response tokens but {len(s.logprobs)} log-probs")
-    b = len(requests)
-    p = max(len(r.ids) for r in requests)
-    r = max(1, max(len(s.ids) for s in samples))
-    prompt_ids = torch.full((b, p), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((b, p), dtype=torch.long)
-    response_ids = torch.full((b, r), pad_id, dtype=torch.long)
-    response_mask = torch.zeros((b, r), dtype=torch.long)
-    logprobs = torch.zeros((b, r), dtype=torch.float32)
-    for i, (req, s) in enumerate(zip(requests, samples)):
-        prompt_ids[i, p - len(req.ids) :] = torch.tensor(req.ids, dtype=torch.long)
-        prompt_mask[i, p - len(req.ids) :] = 1
-        n = len(s.ids)
-        response_ids[i, :n] = torch.tensor(s.ids, dtype=torch.long)
-        response_mask[i, :n] = 1
-        logprobs[i, :n] = torch.tensor(s.logprobs, dtype=torch.float32)
-    return RolloutBatch(
-        prompt_ids_BP=prompt_ids,
-        prompt_mask_BP=prompt_mask,
-        response_ids_BR=response_ids,
-        response_mask_BR=response_mask,
-        logprobs_BR=logprobs,
-        group_B=torch.tensor([q.group for q in requests], dtype=torch.long),
-        finish_B=torch.tensor([s.finish for s in samples], dtype=torch.long),
-        extras=[q.extras for q in requests],
-    )
 
 
 class VLLMEngineConfig(BaseModel):
@@ -154,7 +92,7 @@ class VLLMEngine:
         self.llm.init_weight_transfer_engine({"init_info": {}})
 
     def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
-        seeds = request_seeds(self._rng, len(requests)) if self.config.seeded else [None] * len(requests)
+        seeds = request_seeds(self._rng, len(requests), self.config.seeded)
         params = [
             self._vllm.SamplingParams(
                 n=1,
@@ -190,7 +128,7 @@ class VLLMEngine:
                 "ipc_handles": handles,
             }})
             del gpu_copies  # update_weights is synchronous: vLLM has copied them by now
-            loaded += sum(t.numel() * t.element_size() for t in tensors.values())
+            loaded += tensor_bytes(tensors.values())
         if hasattr(llm, "finish_weight_update"):
             llm.finish_weight_update()
         # Cached prefixes hold KV computed by the old weights.

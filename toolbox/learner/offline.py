@@ -4,6 +4,7 @@ Each rank builds its own slice of a step's global batch from the dataset spec an
 the step index (`RecordSource`), so the driver sends an integer and gets metrics
 back. Subclasses write ``accumulate``: forward/backward over this rank's records,
 returning metrics already reduced over all ranks (every rank returns the same dict).
+The model, reference, optimizer and checkpoints are the rank's `PolicyRank` (``self.policy``).
 """
 
 from __future__ import annotations
@@ -15,20 +16,23 @@ import torch
 
 from toolbox.data.offline import Kind, OfflineDataConfig, Record, RecordSource
 from toolbox.data.tasks import TASKS
-from toolbox.learner.base import LearnerBase, rank_slice
+from toolbox.learner.collective import rank, world
 from toolbox.learner.config import LearnerConfig
+from toolbox.learner.policy import PolicyRank
+from toolbox.learner.rows import rank_slice
 from toolbox.models.loading import load_tokenizer
 
 
-class OfflineLearner(LearnerBase):
+class OfflineLearner:
     """A learner rank over an offline dataset. ``update(step)`` and ``evaluate()`` are collective."""
 
     kind: Kind = "sft"
 
     def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: OfflineDataConfig, total_steps: int,
                  task: dict[str, Any], seed: int, frozen_reference: bool = False) -> None:
-        super().__init__(model_path, dtype, cfg, total_steps, frozen_reference=frozen_reference)
-        self.data_cfg = algo
+        self.cfg, self.data_cfg = cfg, algo
+        self.policy = PolicyRank.pretrained(model_path, dtype, cfg, total_steps, frozen_reference=frozen_reference)
+        self.rank, self.world = rank(), world()
         self.tokenizer = load_tokenizer(model_path)
         built = TASKS.build(task)
         self.train_data = RecordSource.train(algo, self.kind, seed, built)
@@ -39,8 +43,8 @@ class OfflineLearner(LearnerBase):
         records = self.train_data.step(step, self.data_cfg.batch_size)
         mine = records[rank_slice(len(records), self.rank, self.world)]
         metrics = self.accumulate(mine, backward=True)
-        metrics.update(self.optimizer_step())
-        self.step += 1
+        metrics.update(self.policy.optimizer_step())
+        self.policy.step += 1
         return metrics
 
     @torch.no_grad()
@@ -50,11 +54,11 @@ class OfflineLearner(LearnerBase):
             return {}
         records = self.eval_data.first(self.data_cfg.eval_samples)
         records = records[: len(records) - len(records) % self.world]  # equal shares keep collectives in step
-        self.policy.eval()
+        self.policy.model.eval()
         try:
             return self.accumulate(records[rank_slice(len(records), self.rank, self.world)], backward=False)
         finally:
-            self.policy.train()
+            self.policy.model.train()
 
     @abstractmethod
     def accumulate(self, records: list[Record], backward: bool) -> dict[str, float]:

@@ -7,12 +7,15 @@ to the space only on their way into the env (`env_actions`).
 
 The module also holds the observation-normalisation and reward-scale statistics as
 buffers, so one state dict carries everything the runners and a checkpoint need.
+`SpaceSpec` is what the networks are built from; `toolbox.envs.make.spec_of` reads it
+off a gymnasium env, so this module needs neither gymnasium nor the env code.
 Not covered: image observations (no CNN), recurrent policies, squashed (tanh) Gaussians.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -21,8 +24,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.distributions import Categorical, Distribution, Normal
 
-from toolbox.rl.envs import SpaceSpec
-from toolbox.rl.running_stats import RunningMeanStd
+from toolbox.models.running_stats import RunningMeanStd
+
+
+@dataclass(frozen=True)
+class SpaceSpec:
+    """What the policy needs to know about an env's spaces (plain numbers, cheap to pickle)."""
+
+    obs_dim: int
+    action_kind: Literal["discrete", "continuous"]
+    action_dim: int  # number of actions (discrete) or action dimensions (continuous)
+    action_start: int = 0  # Discrete(n, start=k): the env's first action id
+    low: tuple[float, ...] = ()
+    high: tuple[float, ...] = ()
 
 
 class PolicyConfig(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from toolbox.rl.batch import RolloutBatch
+from toolbox.models.logprobs import ResponseRows
 
 
 class ValueModel(nn.Module):
@@ -37,7 +37,7 @@ def load_value_model(path: str, dtype: str = "float32") -> ValueModel:
     return ValueModel(backbone, backbone.config.hidden_size)
 
 
-def response_values(critic: nn.Module, batch: RolloutBatch) -> torch.Tensor:
+def response_values(critic: nn.Module, batch: ResponseRows) -> torch.Tensor:
     """``V`` of the state before each response token, ``[B, R]`` (0 at padding)."""
     ids, attn, position_ids = batch.model_inputs()
     values = critic(input_ids=ids, attention_mask=attn, position_ids=position_ids)

@@ -3,22 +3,16 @@
 Logits at position ``t`` score ``labels[t]``: callers align them first (`shift_targets`).
 Normalisers can be passed in, so a micro-batch is divided by the token (or document)
 count of the whole global batch; that makes gradient accumulation and data
-parallelism give the same gradient as one big batch.
+parallelism give the same gradient as one big batch. Log-probs come from
+`toolbox.models.logprobs.token_logprobs`, the one source of that math.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from toolbox.models.logprobs import token_logprobs
 from toolbox.objectives.aggregate import aggregate
-
-
-def token_logprobs(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
-    """``log p(labels[b, t])`` under ``logits[b, t]``, ``[B, T]``, computed in float32."""
-    b, t, v = logits_BTV.shape
-    nll = F.cross_entropy(logits_BTV.reshape(b * t, v).float(), labels_BT.reshape(b * t), reduction="none")
-    return -nll.view(b, t)
 
 
 def shift_targets(input_ids_BT: torch.Tensor, loss_mask_BT: torch.Tensor,

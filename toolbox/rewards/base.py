@@ -36,11 +36,15 @@ class Reward(Protocol):
 
 @dataclass
 class RewardResult:
-    """Per-sample rewards of a batch. ``values_B`` is 0 wherever ``status_B`` is not OK."""
+    """Per-sample rewards of a batch. ``values_B`` is 0 wherever ``status_B`` is not OK.
+
+    ``seconds`` is how long scoring took (a concatenation keeps the longest).
+    """
 
     values_B: torch.Tensor
     status_B: torch.Tensor
     reasons: list[str]
+    seconds: float = 0.0
 
     def __len__(self) -> int:
         return int(self.values_B.shape[0])
@@ -61,7 +65,8 @@ class RewardResult:
 
     def select(self, rows: torch.Tensor) -> RewardResult:
         """The results of ``rows`` (an index tensor), in that order."""
-        return RewardResult(self.values_B[rows], self.status_B[rows], [self.reasons[i] for i in rows.tolist()])
+        return RewardResult(self.values_B[rows], self.status_B[rows], [self.reasons[i] for i in rows.tolist()],
+                            self.seconds)
 
     @staticmethod
     def concat(results: list[RewardResult]) -> RewardResult:
@@ -69,6 +74,7 @@ class RewardResult:
             values_B=torch.cat([r.values_B for r in results]),
             status_B=torch.cat([r.status_B for r in results]),
             reasons=[x for r in results for x in r.reasons],
+            seconds=max((r.seconds for r in results), default=0.0),
         )
 
 

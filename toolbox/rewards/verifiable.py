@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, model_validator
 
+from toolbox.core.registry import Spec, SpecOf
 from toolbox.rewards.base import REWARDS, Reward, RewardSample
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -67,15 +68,20 @@ class WeightedSumConfig(BaseModel):
     """Options of ``weighted_sum``: a list of reward specs and their weights."""
 
     model_config = ConfigDict(extra="forbid")
-    components: list[dict] = Field(description="Reward specs, each {'name': ..., **options}.", min_length=1)
+    components: list[Annotated[SerializeAsAny[Spec], SpecOf(REWARDS)]] = Field(
+        description="Rewards, each `name` and its options.", min_length=1)
     weights: list[float] = Field(description="One weight per component.")
+
+    @model_validator(mode="after")
+    def _one_weight_each(self) -> WeightedSumConfig:
+        if len(self.weights) != len(self.components):
+            raise ValueError(f"weighted_sum: {len(self.components)} components but {len(self.weights)} weights")
+        return self
 
 
 @REWARDS.register("weighted_sum", config=WeightedSumConfig)
 def weighted_sum(config: WeightedSumConfig) -> Reward:
     """Sum of weighted components. Abstains only if every component abstains; an error in any is an error."""
-    if len(config.weights) != len(config.components):
-        raise ValueError(f"weighted_sum: {len(config.components)} components but {len(config.weights)} weights")
     parts = [REWARDS.build(spec) for spec in config.components]
 
     def score(sample: RewardSample) -> float | None:

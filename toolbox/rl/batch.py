@@ -11,6 +11,19 @@ FINISH_STOP = 0  # the engine sampled EOS / a stop token
 FINISH_LENGTH = 1  # max_new_tokens reached
 
 
+@dataclass(frozen=True)
+class PromptRequest:
+    """One prompt to sample from: token ids, the group it belongs to, small metadata for the reward.
+
+    The input of generation, as `RolloutBatch` is its output: an engine turns a list of these into a batch
+    whose rows keep their order, ``group`` and ``extras``.
+    """
+
+    ids: list[int]
+    group: int
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class RolloutBatch:
     """A batch of sampled completions, shaped ``[B, P]`` (prompt) and ``[B, R]`` (response).
@@ -20,7 +33,8 @@ class RolloutBatch:
     attention mask. ``logprobs_BR`` are the behaviour policy's per-token log-probs
     (0 at padding). ``group_B`` says which prompt each row was sampled from; rows of
     one group share a prompt. ``extras`` carries small per-row metadata (the task's
-    reference answer) that the reward needs.
+    reference answer) that the reward needs. ``seconds`` is how long the engine took to make
+    it (a concatenation keeps the longest: shards are generated in parallel).
     """
 
     prompt_ids_BP: torch.Tensor
@@ -31,11 +45,14 @@ class RolloutBatch:
     group_B: torch.Tensor
     finish_B: torch.Tensor
     extras: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
 
     def __post_init__(self) -> None:
         b = self.prompt_ids_BP.shape[0]
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "seconds":
+                continue
             n = value.shape[0] if isinstance(value, torch.Tensor) else len(value)
             if n != b and not (f.name == "extras" and n == 0):
                 raise ValueError(f"RolloutBatch.{f.name} has {n} rows, expected {b}")
@@ -62,7 +79,9 @@ class RolloutBatch:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
+            if f.name == "seconds":
+                out[f.name] = value
+            elif isinstance(value, torch.Tensor):
                 out[f.name] = value[index]
             else:
                 out[f.name] = [value[i] for i in rows] if value else []
@@ -95,6 +114,7 @@ class RolloutBatch:
             group_B=torch.cat([b.group_B for b in batches]),
             finish_B=torch.cat([b.finish_B for b in batches]),
             extras=[e for b in batches for e in b.extras],
+            seconds=max(b.seconds for b in batches),
         )
 
 
@@ -104,3 +124,12 @@ def _pad(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
         return x
     filler = torch.full((x.shape[0], gap), value, dtype=x.dtype)
     return torch.cat([filler, x] if left else [x, filler], dim=1)
+
+
+def phase_seconds(batches: list[RolloutBatch], results: list[Any]) -> dict[str, float]:
+    """``generate_s`` / ``reward_s``: the longest engine and reward call of a step's shards (they run in parallel).
+
+    ``results`` are `RewardResult`s; their ``seconds`` is the reward call's duration.
+    """
+    return {"generate_s": max((b.seconds for b in batches), default=0.0),
+            "reward_s": max((float(getattr(r, "seconds", 0.0)) for r in results), default=0.0)}

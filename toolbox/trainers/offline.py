@@ -14,32 +14,29 @@ from typing import Any
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import EventBus
 from toolbox.trainers.base import BaseTrainer
+from toolbox.trainers.roles import OfflineLearnerRole
 
 
 class OfflineTrainer(BaseTrainer):
     """One optimizer step per ``train_step``; ``summary_metrics`` get first/last-10% means in the summary."""
 
-    def __init__(self, cfg: TrainerConfig, bus: EventBus, learner: Any, run_dir: Path, experiment: str = "",
+    def __init__(self, cfg: TrainerConfig, bus: EventBus, learner: OfflineLearnerRole, run_dir: Path, experiment: str = "",
                  summary_metrics: tuple[str, ...] = ("loss",)) -> None:
         super().__init__(cfg, bus, experiment)
         self.learner, self.run_dir = learner, run_dir
         self.summary_metrics = summary_metrics
 
     def prepare(self) -> int:
-        if not self.cfg.resume_from:
-            return 0
-        return self.learner.call("load", [(self.cfg.resume_from,)] * len(self.learner))[0]
+        return self.learner.load(self.cfg.resume_from) if self.cfg.resume_from else 0
 
     def train_step(self, step: int) -> dict[str, float]:
-        # Every rank returns the same globally reduced metrics; rank 0's stand for all.
-        return self.learner.call("update", [(step,)] * len(self.learner))[0]
+        return self.learner.update(step)
 
     def evaluate(self) -> dict[str, float]:
-        return self.learner.call("evaluate", [()] * len(self.learner))[0]
+        return self.learner.evaluate()
 
     def save(self, step: int) -> str:
-        path = self.run_dir / "checkpoints" / f"step_{step}"
-        return self.learner.call("save", [(str(path),)] * len(self.learner))[0]
+        return self.learner.save(str(self.run_dir / "checkpoints" / f"step_{step}"))
 
     def summarize(self, wall_s: float) -> dict[str, Any]:
         summary = super().summarize(wall_s)

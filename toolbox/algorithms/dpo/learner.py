@@ -19,11 +19,13 @@ from toolbox.algorithms.dpo.config import DPOConfig
 from toolbox.data.encode import Example, encode_preference
 from toolbox.data.offline import Record
 from toolbox.data.packing import TokenBatch, pad_examples
-from toolbox.learner.base import chunks_of
+from toolbox.learner.collective import global_sum
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.offline import OfflineLearner
+from toolbox.learner.rows import chunks_of
+from toolbox.models.logprobs import token_logprobs
 from toolbox.objectives.preference import dpo_loss, implicit_rewards
-from toolbox.objectives.supervised import shift_targets, token_logprobs
+from toolbox.objectives.supervised import shift_targets
 
 
 def sequence_logps(model: nn.Module, batch: TokenBatch, average: bool = False) -> torch.Tensor:
@@ -51,7 +53,7 @@ class DPOLearner(OfflineLearner):
 
     def accumulate(self, records: list[Record], backward: bool) -> dict[str, float]:
         pairs = self.encode(records)
-        share = self.global_sum([len(pairs)])[0] / self.world
+        share = global_sum([len(pairs)])[0] / self.world
         sums: dict[str, float] = defaultdict(float)
         for rows in chunks_of(slice(0, len(pairs)), self.cfg.micro_batch_size):
             chosen, rejected = zip(*pairs[rows])
@@ -64,7 +66,7 @@ class DPOLearner(OfflineLearner):
                 sums[key] += float(per_pair.sum()) / max(share, 1e-9)
             sums["loss"] += float(value.detach())
         keys = sorted(sums)
-        reduced = self.global_sum([*(sums[k] for k in keys), float(sum(len(c) + len(r) for c, r in pairs))])
+        reduced = global_sum([*(sums[k] for k in keys), float(sum(len(c) + len(r) for c, r in pairs))])
         metrics = {k: v / self.world for k, v in zip(keys, reduced)}
         metrics["input_tokens"] = reduced[-1]
         return metrics
@@ -72,10 +74,10 @@ class DPOLearner(OfflineLearner):
     def _pair_terms(self, batch: TokenBatch, m: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per-pair losses of a ``2m``-row batch and the detached per-pair metrics."""
         a = self.algo
-        logps = sequence_logps(self.policy, batch, a.average_logps)
-        assert self.ref is not None
+        logps = sequence_logps(self.policy.model, batch, a.average_logps)
+        assert self.policy.ref is not None
         with torch.no_grad():
-            ref_logps = sequence_logps(self.ref, batch, a.average_logps)
+            ref_logps = sequence_logps(self.policy.ref, batch, a.average_logps)
         pc, pr, rc, rr = logps[:m], logps[m:], ref_logps[:m], ref_logps[m:]
         loss = dpo_loss(pc, pr, rc, rr, a.beta, a.loss_type, a.label_smoothing)  # type: ignore[arg-type]
         chosen_r, rejected_r = implicit_rewards(pc.detach(), rc, a.beta), implicit_rewards(pr.detach(), rr, a.beta)

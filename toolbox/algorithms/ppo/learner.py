@@ -1,18 +1,25 @@
-"""`PPOLearner`: language-model PPO with a critic, on one learner rank (policy + critic, both FSDP2-wrapped)."""
+"""`PPOLearner`: language-model PPO with a critic, on one learner rank (policy + critic, both strategy-wrapped).
+
+`plan` (rank 0, once per step) reads the rewards and which rows were scored; `update` (every
+rank, its own rows) computes old log-probs and values, token-level GAE and runs the clipped
+policy and value epochs. The critic is a second trained model of the rank with its own
+optimizer and schedule, checkpointed beside the policy.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
-from toolbox.algorithms.grpo.learner import GRPOLearner, sequence_logprobs
 from toolbox.algorithms.ppo.config import PPOConfig
-from toolbox.learner.base import build_optimizer, chunks_of, no_grad_rows, rank_slice, split_into
-from toolbox.learner.checkpoint import load_checkpoint, save_checkpoint
+from toolbox.learner.collective import global_mean, global_sum, rank, world
 from toolbox.learner.config import LearnerConfig
+from toolbox.learner.policy import PolicyRank
+from toolbox.learner.rows import chunks_of, mean_stats, mini_batches, no_grad_rows
 from toolbox.learner.strategy import wrap
+from toolbox.models.logprobs import response_logprobs
 from toolbox.models.value import load_value_model, response_values
 from toolbox.objectives.aggregate import aggregate
 from toolbox.objectives.kl import kl_penalty
@@ -21,98 +28,110 @@ from toolbox.objectives.ppo_lm import token_gae, token_rewards
 from toolbox.objectives.value import clipped_value_terms
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import RolloutBatch
+from toolbox.rl.plan import StepPlan, read_step
 
 
-class PPOLearner(GRPOLearner):
-    """PPO with a learned value function; reuses the GRPO learner's policy, reference and log-prob code."""
+@dataclass
+class PPOPlan(StepPlan):
+    """Per rank, aligned with ``rank_rows``: each row's sequence reward and whether it was scored."""
+
+    scores: list[torch.Tensor]
+    ok: list[torch.Tensor]
+
+
+@dataclass
+class _Rollout:
+    """What one rank's epochs reuse: its rows, old log-probs and values, reference log-probs, advantages, returns."""
+
+    batch: RolloutBatch
+    old_logp: torch.Tensor
+    old_values: torch.Tensor
+    ref_logp: torch.Tensor | None
+    adv: torch.Tensor
+    ret: torch.Tensor
+
+
+class PPOLearner:
+    """One PPO learner rank: the policy (with an optional reference) and a critic, siblings of the GRPO learner.
+
+    Every public method is collective: all ranks call it together (`plan`: rank 0 alone).
+    """
 
     def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: PPOConfig, total_steps: int) -> None:
-        super().__init__(model_path, dtype, cfg, algo, total_steps)  # type: ignore[arg-type]
-        self.algo: PPOConfig = algo  # type: ignore[assignment]
-        self.critic = wrap(load_value_model(model_path, dtype).train(), cfg.strategy)
+        self.cfg, self.algo = cfg, algo
         steps = total_steps * algo.ppo_epochs * algo.mini_batches
-        self.critic_opt, self.critic_sched = build_optimizer(self.critic, cfg.optim.model_copy(update={"lr": algo.critic_lr}), steps)
+        self.policy = PolicyRank.pretrained(model_path, dtype, cfg, steps, frozen_reference=algo.kl_coef > 0)
+        self.critic = self.policy.attach("critic", wrap(load_value_model(model_path, dtype).train(), cfg.strategy),
+                                         cfg.optim.model_copy(update={"lr": algo.critic_lr}), steps)
 
-    def update(self, batches: list[RolloutBatch], results: list[RewardResult],
-               keep_groups: list[int] | None = None) -> dict[str, float]:
-        """One PPO step on this rank's slice: old log-probs/values, token GAE, clipped policy + value epochs."""
-        batch, rewards = RolloutBatch.concat(batches), RewardResult.concat(results)
-        rows = rank_slice(len(batch), self.rank, self.world)
-        mine = batch.select(rows)
-        mine.response_mask_BR = mine.response_mask_BR * rewards.ok_B[rows].long().unsqueeze(1)
-        mask = mine.response_mask_BR
-        old_logp = self._no_grad_logprobs(self.policy, mine)
-        old_values = self._no_grad_values(mine)
-        ref_logp = None if self.ref is None else self._no_grad_logprobs(self.ref, mine)
-        kl_BT = None if ref_logp is None else kl_penalty(old_logp, ref_logp, self.algo.kl_kind) * mask
-        a = self.algo
-        token_r = token_rewards(rewards.values_B[rows], mask, kl_BT if a.kl_in_reward else None, a.kl_coef)
-        adv, ret = token_gae(token_r, old_values, mask, a.gamma, a.lam)
-        if a.whiten_advantages:
-            adv = self._global_whiten(adv, mask)
+    def plan(self, shards: list[RolloutBatch], results: list[RewardResult],
+             keep_groups: list[int] | None = None) -> PPOPlan:
+        """Each rank's rows and their scores; ``keep_groups`` must be ``None`` (PPO has no dynamic sampling)."""
+        if keep_groups is not None:
+            raise ValueError("the ppo learner trains on every sampled row; keep_groups must be None")
+        step = read_step(shards, results, None)
+        cuts = step.shares(world())
+        return PPOPlan(**step.plan_fields(shards, cuts), scores=[step.rewards.values_B[c] for c in cuts],
+                       ok=[step.rewards.ok_B[c] for c in cuts])
+
+    def update(self, plan: PPOPlan, shards: dict[int, RolloutBatch]) -> dict[str, float]:
+        """One PPO step on this rank's rows: old log-probs/values, token GAE, clipped policy + value epochs."""
+        r = rank()
+        rollout, kl_BT = self._rollout(plan.gather(r, shards), plan.scores[r], plan.ok[r])
         stats: dict[str, list[float]] = defaultdict(list)
-        for _ in range(a.ppo_epochs):
-            for mini in split_into(len(mine), a.mini_batches):
-                self._ppo_step(mine, mini, old_logp, old_values, ref_logp, adv, ret, stats)
-        self.step += 1
-        metrics = {k: sum(v) / len(v) for k, v in stats.items()}
-        metrics.update(rewards.metrics())
-        metrics["response_len"] = float(batch.response_lengths_B.float().mean())
-        metrics["kl"] = 0.0 if kl_BT is None else self._global_mean(kl_BT, mask)
+        for mini in mini_batches(len(rollout.batch), self.algo.ppo_epochs, self.algo.mini_batches):
+            self._ppo_step(rollout, mini, stats)
+        self.policy.step += 1
+        metrics = {**mean_stats(stats), **plan.metrics}
+        metrics["kl"] = 0.0 if kl_BT is None else global_mean(kl_BT, rollout.batch.response_mask_BR)
         return metrics
 
-    def _ppo_step(self, batch: RolloutBatch, rows: slice, old_logp: torch.Tensor, old_values: torch.Tensor,
-                  ref_logp: torch.Tensor | None, adv: torch.Tensor, ret: torch.Tensor, stats: dict[str, list[float]]) -> None:
+    def _rollout(self, mine: RolloutBatch, scores_B: torch.Tensor,
+                 ok_B: torch.Tensor) -> tuple[_Rollout, torch.Tensor | None]:
+        """Old log-probs and values, the per-token KL to the reference, and (whitened) GAE of this rank's rows."""
+        a, mbs, ref = self.algo, self.cfg.micro_batch_size, self.policy.ref
+        mine.response_mask_BR = mine.response_mask_BR * ok_B.long().unsqueeze(1)
+        mask = mine.response_mask_BR
+        old_logp = no_grad_rows(lambda part: response_logprobs(self.policy.model, part, a.temperature), mine, mbs)
+        old_values = no_grad_rows(lambda part: response_values(self.critic.module, part), mine, mbs)
+        ref_logp = None if ref is None else no_grad_rows(lambda part: response_logprobs(ref, part, a.temperature),
+                                                         mine, mbs)
+        kl_BT = None if ref_logp is None else kl_penalty(old_logp, ref_logp, a.kl_kind) * mask
+        token_r = token_rewards(scores_B, mask, kl_BT if a.kl_in_reward else None, a.kl_coef)
+        adv, ret = token_gae(token_r, old_values, mask, a.gamma, a.lam)
+        if a.whiten_advantages:
+            adv = _global_whiten(adv, mask)
+        return _Rollout(mine, old_logp, old_values, ref_logp, adv, ret), kl_BT
+
+    def _ppo_step(self, ro: _Rollout, rows: slice, stats: dict[str, list[float]]) -> None:
         a = self.algo
-        tokens = self.global_sum([float(batch.response_mask_BR[rows].sum())])[0] / self.world
+        tokens = global_sum([float(ro.batch.response_mask_BR[rows].sum())])[0] / world()
         totals: dict[str, float] = defaultdict(float)
         for mb in chunks_of(rows, self.cfg.micro_batch_size):
-            part = batch.select(mb)
+            part = ro.batch.select(mb)
             m = part.response_mask_BR
-            logp = sequence_logprobs(self.policy, part, a.temperature)
-            pg_BT, clipped_BT = clipped_policy_terms(logp, old_logp[mb], adv[mb], a.clip_low, a.clip_high)
+            logp = response_logprobs(self.policy.model, part, a.temperature)
+            pg_BT, clipped_BT = clipped_policy_terms(logp, ro.old_logp[mb], ro.adv[mb], a.clip_low, a.clip_high)
             pg = aggregate(pg_BT, m, "token-mean", token_count=tokens)
-            values = response_values(self.critic, part)
-            vf = aggregate(clipped_value_terms(values, old_values[mb], ret[mb], a.value_clip), m, "token-mean",
+            values = response_values(self.critic.module, part)
+            vf = aggregate(clipped_value_terms(values, ro.old_values[mb], ro.ret[mb], a.value_clip), m, "token-mean",
                            token_count=tokens)
             loss = pg + a.vf_coef * vf
-            if ref_logp is not None and not a.kl_in_reward and a.kl_coef > 0:
-                loss = loss + a.kl_coef * aggregate(kl_penalty(logp, ref_logp[mb], a.kl_kind), m, "token-mean",
+            if ro.ref_logp is not None and not a.kl_in_reward and a.kl_coef > 0:
+                loss = loss + a.kl_coef * aggregate(kl_penalty(logp, ro.ref_logp[mb], a.kl_kind), m, "token-mean",
                                                     token_count=tokens)
             loss.backward()
             totals["pg_loss"] += float(pg.detach())
             totals["vf_loss"] += float(vf.detach())
             totals["loss"] += float(loss.detach())
             totals["clip_frac"] += float(aggregate(clipped_BT, m, "token-mean", token_count=tokens))
-        for k, v in totals.items():
+        for k, v in {**totals, **self.policy.optimizer_step()}.items():
             stats[k].append(v)
-        for k, v in self.optimizer_step().items():
-            stats[k].append(v)
-        critic = self.optimizer_step(self.critic, self.critic_opt, self.critic_sched)
-        stats["critic_grad_norm"].append(critic["grad_norm"])
+        stats["critic_grad_norm"].append(self.critic.step()["grad_norm"])
 
-    def _no_grad_values(self, batch: RolloutBatch) -> torch.Tensor:
-        return no_grad_rows(lambda part: response_values(self.critic, part), batch, self.cfg.micro_batch_size)
 
-    def _global_mean(self, x_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
-        total, n = self.global_sum([float((x_BT * mask_BT).sum()), float(mask_BT.sum())])
-        return total / max(n, 1.0)
-
-    def _global_whiten(self, x_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-        """Zero mean, unit variance over every rank's response tokens."""
-        mean = self._global_mean(x_BT, mask_BT)
-        var = self._global_mean((x_BT - mean).pow(2), mask_BT)
-        return (x_BT - mean) / (var**0.5 + eps) * mask_BT
-
-    def save(self, path: str | Path) -> Path:
-        out = super().save(path)
-        (Path(path) / "critic").mkdir(exist_ok=True)
-        save_checkpoint(Path(path) / "critic", self.critic, self.critic_opt, {"scheduler": self.critic_sched.state_dict()})
-        return out
-
-    def load(self, path: str | Path) -> int:
-        step = super().load(path)
-        extra = load_checkpoint(Path(path) / "critic", self.critic, self.critic_opt)
-        self.critic_sched.load_state_dict(extra["scheduler"])
-        return step
-
+def _global_whiten(x_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Zero mean, unit variance over every rank's response tokens."""
+    mean = global_mean(x_BT, mask_BT)
+    var = global_mean((x_BT - mean).pow(2), mask_BT)
+    return (x_BT - mean) / (var**0.5 + eps) * mask_BT

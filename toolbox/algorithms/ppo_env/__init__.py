@@ -12,8 +12,8 @@ from toolbox.core.events import EventBus
 from toolbox.trainers.base import BaseTrainer
 
 if TYPE_CHECKING:
+    from toolbox.envs.env_runner import EnvRunner
     from toolbox.experiment import ExperimentBuilder
-    from toolbox.rl.env_runner import EnvRunner
 
 
 def runner_seed(seed: int, rank: int) -> int:
@@ -22,7 +22,8 @@ def runner_seed(seed: int, rank: int) -> int:
 
 
 def build_runner(c: Any, spec: Any, rank: int) -> EnvRunner:
-    from toolbox.rl.env_runner import EnvRunner
+    """Runner ``rank`` of the ``env`` role, built inside its actor."""
+    from toolbox.envs.env_runner import EnvRunner
 
     return EnvRunner(c.env, c.algorithm.policy, spec, c.algorithm.gamma, runner_seed(c.trainer.seed, rank))
 
@@ -31,17 +32,18 @@ def build_runner(c: Any, spec: Any, rank: int) -> EnvRunner:
 def wire(builder: ExperimentBuilder, bus: EventBus) -> BaseTrainer:
     """Env runners -> learner for PPO on a gymnasium env (no reward workers: envs reward)."""
     from toolbox.actors.env_runner import EnvRunnerWorker
+    from toolbox.actors.roles import EnvLearnerGroup, EnvRunnerGroup
     from toolbox.algorithms.ppo_env.learner import PPOEnvLearner
     from toolbox.algorithms.ppo_env.loop import PPOEnvTrainer
-    from toolbox.rl.envs import check_env
+    from toolbox.envs.make import check_env
 
     c, algo = builder.cfg, builder.algorithm(PPOEnvConfig)
     spec = check_env(c.env)  # spaces checked (and made plain numbers) before any actor starts
-    runners = builder.group(
-        "rollout", EnvRunnerWorker, c.rollout.num_workers, lambda r: dict(rank=r, build=partial(build_runner, c, spec)),
-        c.rollout.timeout_s, c.rollout.cpus_per_worker, 0.0,
-    )
-    learner = builder.learner_group(partial(PPOEnvLearner, spec, algo, c.learner, c.trainer.total_steps))
-    steps_per_step = c.rollout.num_workers * c.env.num_envs * algo.steps_per_env
+    runners = EnvRunnerGroup(builder.group(
+        "env", EnvRunnerWorker, c.env.num_workers, lambda r: dict(rank=r, build=partial(build_runner, c, spec)),
+        c.env.timeout_s, c.env.cpus_per_worker, 0.0,
+    ))
+    learner = EnvLearnerGroup(builder.learner_group(partial(PPOEnvLearner, spec, algo, c.learner, c.trainer.total_steps)))
+    steps_per_step = c.env.num_workers * c.env.num_envs * algo.steps_per_env
     return PPOEnvTrainer(builder.trainer_config(), bus, algo, runners, learner, builder.run_dir, steps_per_step,
                          c.experiment)

@@ -1,10 +1,14 @@
-"""The classic-RL section: PPO on a gymnasium env (rollout length, GAE, epochs, clipping, early stop)."""
+"""The classic-RL section: PPO on a gymnasium env (rollout length, GAE, epochs, clipping, early stop).
+
+Its check also refuses settings of the LLM worker sections it never builds (``rollout``,
+``reward``): env runners are sized by the ``env`` section, and the env gives the rewards.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from toolbox.config.algorithm import AlgorithmConfig
 from toolbox.core.errors import ConfigError
@@ -38,23 +42,63 @@ class PPOEnvConfig(AlgorithmConfig):
     eval_episodes: int = Field(20, ge=1, description="Episodes per evaluation (deterministic policy, fresh seeds), split over runners.")
     return_window: int = Field(100, ge=1, description="Training episodes the reported `episode_return` averages over.")
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="Policy/value networks and observation normalisation.")
-    # Env runners are configured by the rollout section (workers, CPUs, timeout).
-    roles: ClassVar[tuple[str, ...]] = ("rollout", "learner")
+    # Env runners are the `env` role: env.num_workers / cpus_per_worker / timeout_s size them.
+    roles: ClassVar[tuple[str, ...]] = ("env", "learner")
 
     def check(self, exp: ExperimentConfig) -> None:
-        from toolbox.rl.envs import check_env
+        from toolbox.envs.make import check_env
 
+        refuse_unused_sections(exp)
         lr = exp.learner
         if lr.strategy not in {"single", "ddp"}:
             raise ConfigError(f"learner.strategy: ppo_env trains a small MLP; use 'single' or 'ddp', not {lr.strategy!r}")
         if self.target_return is not None and self.target_metric == "eval_return" and not exp.trainer.eval_every:
             raise ConfigError("algorithm.target_return is set but trainer.eval_every is 0: the run would never evaluate "
                               "and so never stop at the target; set trainer.eval_every (e.g. 2)")
-        steps = exp.rollout.num_workers * exp.env.num_envs * self.steps_per_env
+        steps = exp.env.num_workers * exp.env.num_envs * self.steps_per_env
         if steps % lr.num_workers or steps // lr.num_workers < self.minibatches:
             raise ConfigError(
-                f"batch arithmetic: rollout.num_workers x env.num_envs x algorithm.steps_per_env = {steps} env steps per "
+                f"batch arithmetic: env.num_workers x env.num_envs x algorithm.steps_per_env = {steps} env steps per "
                 f"training step must split evenly over learner.num_workers={lr.num_workers} ranks into "
                 f"algorithm.minibatches={self.minibatches} minibatches"
             )
         check_env(exp.env)  # an unknown id or an unsupported space fails here, before any actor starts
+
+
+# Why ppo_env has no use for each LLM worker section, and where its counterpart lives.
+UNUSED_SECTIONS = {
+    "rollout": "its env runners are sized by env.num_workers, env.cpus_per_worker and env.timeout_s",
+    "reward": "the env gives the rewards, so no reward workers start",
+}
+
+
+def refuse_unused_sections(exp: ExperimentConfig) -> None:
+    """A `ConfigError` naming every field of ``rollout`` / ``reward`` set to a value other than its default.
+
+    Compared by value, not by whether the field was written, so the resolved
+    ``config.yaml`` of a run (every section at its defaults) loads again.
+    """
+    for name, why in UNUSED_SECTIONS.items():
+        section: BaseModel = getattr(exp, name)
+        changed = changed_fields(name, section, type(section)())
+        if changed:
+            raise ConfigError(f"{', '.join(changed)}: algorithm.name=ppo_env does not use the {name} section ({why}); "
+                              f"remove {'it' if len(changed) == 1 else 'them'}")
+
+
+def changed_fields(path: str, value: Any, default: Any) -> list[str]:
+    """``path.field=value`` for every leaf of ``value`` that differs from ``default`` (nested models recursed).
+
+    A spec that selects another registry entry is named by its ``name``; a spec kept
+    as a dict counts as changed only when its name does (validation has filled in its
+    options' defaults).
+    """
+    if isinstance(value, BaseModel) and isinstance(default, BaseModel):
+        if type(value) is type(default):
+            return [item for field in type(value).model_fields
+                    for item in changed_fields(f"{path}.{field}", getattr(value, field), getattr(default, field))]
+        name = getattr(value, "name", None)  # a typed spec that selects another registry entry
+        return [f"{path}.name={name!r}" if isinstance(name, str) else f"{path}={value!r}"]
+    if isinstance(value, dict) and isinstance(default, dict) and "name" in default:
+        return [] if value.get("name") == default["name"] else [f"{path}.name={value.get('name')!r}"]
+    return [] if value == default else [f"{path}={value!r}"]

@@ -11,35 +11,21 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable
 
 import torch
 
 from toolbox.algorithms.ppo_env.config import PPOEnvConfig
-from toolbox.learner.base import TrainableRank
-from toolbox.learner.config import LearnerConfig, OptimConfig
+from toolbox.envs.trajectory import TrajectoryBatch
+from toolbox.learner.collective import global_sum, rank, world
+from toolbox.learner.config import LearnerConfig
+from toolbox.learner.policy import PolicyRank
+from toolbox.learner.rows import mean_stats, rank_slice
 from toolbox.learner.strategy import wrap
-from toolbox.models.mlp import ActorCritic
+from toolbox.models.mlp import ActorCritic, SpaceSpec
 from toolbox.objectives.ppo import ppo_env_loss
 from toolbox.rl.advantages import gae
-from toolbox.rl.envs import SpaceSpec
-from toolbox.rl.trajectory import TrajectoryBatch
 
 Samples = dict[str, torch.Tensor]
-
-
-def lr_multiplier(o: OptimConfig, total: int) -> Callable[[int], float]:
-    """The factor `LambdaLR` applies at optimizer step ``s`` (the transformers schedule names, without transformers)."""
-
-    def factor(s: int) -> float:
-        if o.warmup_steps and s < o.warmup_steps:
-            return (s + 1) / o.warmup_steps
-        if o.scheduler in {"constant", "constant_with_warmup"}:
-            return 1.0
-        progress = min(1.0, (s - o.warmup_steps) / max(1, total - o.warmup_steps))
-        return 1.0 - progress if o.scheduler == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
 
 
 def returns_and_advantages(batch: TrajectoryBatch, rewards_TN: torch.Tensor, gamma: float,
@@ -55,20 +41,16 @@ def returns_and_advantages(batch: TrajectoryBatch, rewards_TN: torch.Tensor, gam
     return gae(rewards_TN, batch.values_TN, dones_TN, batch.last_value_N, gamma, lam)
 
 
-class PPOEnvLearner(TrainableRank):
-    """One learner rank. Every public method is collective: all ranks call it together."""
+class PPOEnvLearner:
+    """One learner rank: the actor-critic is the rank's `PolicyRank` (AdamW, transformers schedule, the shared
+    clipped optimizer step, checkpoints, export). Every public method is collective: all ranks call it together."""
 
     def __init__(self, spec: SpaceSpec, algo: PPOEnvConfig, cfg: LearnerConfig, total_steps: int) -> None:
         if cfg.strategy not in {"single", "ddp"}:
             raise ValueError(f"learner.strategy {cfg.strategy!r}: the ppo_env learner supports 'single' and 'ddp'")
-        self.algo = algo
-        self.model = ActorCritic(spec, algo.policy)
-        o = cfg.optim
-        optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps,
-                                      weight_decay=o.weight_decay)
-        total = max(1, total_steps * algo.epochs * algo.minibatches)
-        super().__init__(cfg, wrap(self.model, cfg.strategy), optimizer,
-                         torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(o, total)))
+        self.cfg, self.algo = cfg, algo
+        self.model = ActorCritic(spec, algo.policy)  # unwrapped: its running statistics are read and updated here
+        self.policy = PolicyRank(wrap(self.model, cfg.strategy), cfg, total_steps * algo.epochs * algo.minibatches)
 
     # ---- the update -------------------------------------------------------------------------
     def update(self, batches: list[TrajectoryBatch]) -> dict[str, float]:
@@ -84,8 +66,8 @@ class PPOEnvLearner(TrainableRank):
         adv_TN, ret_TN = returns_and_advantages(batch, rewards_TN, self.algo.gamma, self.algo.gae_lambda)
         samples = self._my_slice(batch, adv_TN, ret_TN)
         stats = self._epochs(samples)
-        self.step += 1
-        metrics = {k: sum(v) / len(v) for k, v in stats.items()}
+        self.policy.step += 1
+        metrics = mean_stats(stats)
         metrics["explained_variance"] = explained_variance(samples["values"], samples["returns"])
         metrics["updates"] = float(len(stats["loss"]))
         if self.algo.scale_rewards:
@@ -95,9 +77,9 @@ class PPOEnvLearner(TrainableRank):
     def _my_slice(self, batch: TrajectoryBatch, adv_TN: torch.Tensor, ret_TN: torch.Tensor) -> Samples:
         """Flatten ``[T, N]`` to samples and keep this rank's contiguous share."""
         n = batch.num_steps
-        if n % self.world:
-            raise ValueError(f"{n} env steps per training step do not split over {self.world} learner ranks")
-        rows = slice(self.rank * n // self.world, (self.rank + 1) * n // self.world)
+        if n % world():
+            raise ValueError(f"{n} env steps per training step do not split over {world()} learner ranks")
+        rows = rank_slice(n, rank(), world())
         flat = {
             "obs": batch.obs_TNO.reshape(n, -1), "actions": batch.actions_TN.reshape(n, *batch.actions_TN.shape[2:]),
             "logp": batch.logp_TN.reshape(n), "values": batch.values_TN.reshape(n),
@@ -121,26 +103,23 @@ class PPOEnvLearner(TrainableRank):
 
     def _minibatch_step(self, mb: Samples, stats: dict[str, list[float]]) -> bool:
         """One optimizer step; ``False`` (and no step) when the policy already moved past ``target_kl``."""
-        logp, entropy, values = self.policy(mb["obs"], mb["actions"])
+        logp, entropy, values = self.policy.model(mb["obs"], mb["actions"])
         adv = mb["advantages"]
         if self.algo.normalize_advantages and len(adv) > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         a = self.algo
         terms = ppo_env_loss(logp, mb["logp"], adv, entropy, values, mb["values"], mb["returns"], clip=a.clip,
                              value_clip=a.value_clip, vf_coef=a.vf_coef, ent_coef=a.ent_coef)
-        if self.algo.target_kl is not None and self.global_sum([terms.approx_kl])[0] / self.world > self.algo.target_kl:
+        if self.algo.target_kl is not None and global_sum([terms.approx_kl])[0] / world() > self.algo.target_kl:
             return False
-        self.optimizer.zero_grad(set_to_none=True)
         terms.loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.max_grad_norm)
-        stats["lr"].append(float(self.scheduler.get_last_lr()[0]))
-        self.optimizer.step()
-        self.scheduler.step()
         for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac"):
             stats[key].append(getattr(terms, key))
         stats["loss"].append(float(terms.loss.detach()))
-        stats["grad_norm"].append(float(grad_norm))
+        for key, value in self.policy.optimizer_step().items():
+            stats[key].append(value)
         return True
+
 
 def explained_variance(pred_B: torch.Tensor, target_B: torch.Tensor) -> float:
     """``1 - Var(target - pred) / Var(target)``: 1 is a perfect critic, <= 0 no better than a constant."""

@@ -15,8 +15,10 @@ from typing import Any
 from toolbox.algorithms.ppo_env.config import PPOEnvConfig
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import Event, EventBus
+from toolbox.core.pending import Pending, wait
 from toolbox.trainers.base import BaseTrainer
 from toolbox.trainers.online import mean_over_ranks
+from toolbox.trainers.roles import EnvLearnerRole, EnvRunnerRole
 
 EVAL_SEED_BASE = 10**9  # evaluation seeds sit far above the training envs' (seed * 10**5 + rank * 10**3 + i)
 
@@ -34,7 +36,7 @@ def split_counts(total: int, parts: int) -> list[int]:
 class PPOEnvTrainer(BaseTrainer):
     """PPO on gymnasium envs with env-runner actors and a learner group."""
 
-    def __init__(self, cfg: TrainerConfig, bus: EventBus, algo: PPOEnvConfig, runners: Any, learner: Any,
+    def __init__(self, cfg: TrainerConfig, bus: EventBus, algo: PPOEnvConfig, runners: EnvRunnerRole, learner: EnvLearnerRole,
                  run_dir: Path, steps_per_step: int, experiment: str = "") -> None:
         super().__init__(cfg, bus, experiment)
         self.algo, self.runners, self.learner, self.run_dir = algo, runners, learner, run_dir
@@ -46,44 +48,44 @@ class PPOEnvTrainer(BaseTrainer):
         self.last_eval: float | None = None
 
     def prepare(self) -> int:
-        start = 0
-        if self.cfg.resume_from:
-            start = self.learner.call("load", [(self.cfg.resume_from,)] * len(self.learner))[0]
+        start = self.learner.load(self.cfg.resume_from) if self.cfg.resume_from else 0
         self.env_steps = start * self.steps_per_step
-        self.sync_weights()
+        wait(*self.sync_weights())
         return start
 
     def train_step(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        rollouts = self.runners.call("rollout", [(self.algo.steps_per_env,)] * len(self.runners))
+        pending = self.runners.rollout(self.algo.steps_per_env)
+        rollouts = pending.result()  # the episode stats; the batches stay in the object store
         t1 = time.perf_counter()
-        steps = sum(r["steps"] for r in rollouts)
+        steps = sum(r.steps for r in rollouts)
         self.env_steps += steps
-        finished = [x for r in rollouts for x in r["returns"]]
+        finished = [x for r in rollouts for x in r.returns]
         self.returns.extend(finished)
-        self.lengths.extend(x for r in rollouts for x in r["lengths"])
+        self.lengths.extend(x for r in rollouts for x in r.lengths)
         self.bus.emit(Event.ROLLOUT_END, {"step": step + 1, "rows": steps})
-        batch_refs = [r["batch"] for r in rollouts]
-        metrics = mean_over_ranks(self.learner.call("update", [(batch_refs,)] * len(self.learner)))
+        update = self.learner.update(pending)
+        wait(update)
+        metrics = mean_over_ranks(update.result())
         t2 = time.perf_counter()
-        self.sync_weights()
+        wait(*self.sync_weights())
         t3 = time.perf_counter()
         metrics.update(env_steps=self.env_steps, episode_return=_mean(self.returns),
                        episode_len=_mean(self.lengths), episodes=float(len(finished)),
                        env_steps_per_s=steps / (t3 - t0), rollout_s=t1 - t0, train_s=t2 - t1, sync_s=t3 - t2)
         return metrics
 
-    def sync_weights(self) -> None:
+    def sync_weights(self) -> tuple[Pending[list], Pending[float]]:
         """Learner rank 0 exports bucket refs; every env runner loads them."""
-        bucket_refs = self.learner.call("export_weights")[0]
-        self.runners.call("update_weights", [(bucket_refs,)] * len(self.runners))
+        weights = self.learner.export_weights()
+        return weights, self.runners.update_weights(weights)
 
     def evaluate(self) -> dict[str, float]:
         """The deterministic policy on ``eval_episodes`` fresh seeds, split over the runners."""
         counts = split_counts(self.algo.eval_episodes, len(self.runners))
         base = EVAL_SEED_BASE + self.cfg.seed * 10**6 + self.evals * self.algo.eval_episodes
         seeds = [base + sum(counts[:i]) for i in range(len(counts))]
-        returns = [x for part in self.runners.call("evaluate", list(zip(counts, seeds))) for x in part]
+        returns = [x for part in self.runners.evaluate(counts, seeds) for x in part]
         self.evals += 1
         self.last_eval = _mean(returns)
         return {"eval_return": self.last_eval, "eval_return_min": min(returns), "eval_episodes": float(len(returns)),
@@ -106,5 +108,4 @@ class PPOEnvTrainer(BaseTrainer):
         return summary
 
     def save(self, step: int) -> str:
-        path = self.run_dir / "checkpoints" / f"step_{step}"
-        return self.learner.call("save", [(str(path),)] * len(self.learner))[0]
+        return self.learner.save(str(self.run_dir / "checkpoints" / f"step_{step}"))

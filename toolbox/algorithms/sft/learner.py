@@ -15,9 +15,10 @@ from toolbox.algorithms.sft.config import SFTConfig
 from toolbox.data.encode import Example, encode_sft
 from toolbox.data.offline import Record
 from toolbox.data.packing import TokenBatch, check_packing, pack_examples, pad_examples
-from toolbox.learner.base import chunks_of
+from toolbox.learner.collective import global_max, global_sum
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.offline import OfflineLearner
+from toolbox.learner.rows import chunks_of
 from toolbox.objectives.supervised import document_mean_nll, document_weights, masked_nll, shift_targets
 
 
@@ -31,7 +32,7 @@ class SFTLearner(OfflineLearner):
         super().__init__(model_path, dtype, cfg, algo, total_steps, task, seed)
         self.algo = algo
         if algo.packing:
-            check_packing(self.policy, len(self.tokenizer))
+            check_packing(self.policy.model, len(self.tokenizer))
 
     def collate(self, records: list[Record]) -> TokenBatch:
         """Tokenise (with loss masks) and pack or pad this rank's records."""
@@ -43,15 +44,15 @@ class SFTLearner(OfflineLearner):
         batch = self.collate(records)
         _, mask_BT = shift_targets(batch.input_ids_BT, batch.loss_mask_BT, batch.doc_ids_BT)
         docs = float(round(float(document_weights(batch.doc_ids_BT[:, 1:], mask_BT).sum()))) if len(batch) else 0.0
-        tokens_all, docs_all = self.global_sum([float(mask_BT.sum()), docs])
+        tokens_all, docs_all = global_sum([float(mask_BT.sum()), docs])
         # This rank's share of the global normaliser: gradients are averaged over ranks.
         norm = (tokens_all if self.algo.objective == "sft" else docs_all) / self.world
         parts = [batch.select(rows) for rows in chunks_of(slice(0, len(batch)), self.cfg.micro_batch_size)]
-        parts += [self._empty_batch(batch.packed)] * (int(self.global_max(len(parts))) - len(parts))
+        parts += [self._empty_batch(batch.packed)] * (int(global_max(len(parts))) - len(parts))
         loss = 0.0
         for part in parts:
             part_labels, part_mask = shift_targets(part.input_ids_BT, part.loss_mask_BT, part.doc_ids_BT)
-            logits = self.policy(**part.model_inputs()).logits[:, :-1]
+            logits = self.policy.model(**part.model_inputs()).logits[:, :-1]
             if self.algo.objective == "sft":
                 value = masked_nll(logits, part_labels, part_mask, token_count=norm)
             else:
@@ -60,7 +61,7 @@ class SFTLearner(OfflineLearner):
                 value.backward()
             loss += float(value.detach())
         real = float((batch.doc_ids_BT > 0).sum())
-        loss_all, real_all, slots_all = self.global_sum([loss, real, float(batch.doc_ids_BT.numel())])
+        loss_all, real_all, slots_all = global_sum([loss, real, float(batch.doc_ids_BT.numel())])
         return {"loss": loss_all / self.world, "tokens": tokens_all, "documents": docs_all, "input_tokens": real_all,
                 "fill": real_all / max(slots_all, 1.0)}
 

@@ -1,4 +1,4 @@
-"""Gymnasium environments: the `env` config section, the spaces the PPO stack supports, vector envs.
+"""Gymnasium environments: make one, check its spaces against what the PPO stack supports, vector envs.
 
 Supported: a ``Box`` observation space (any shape; flattened for the MLP) and a
 ``Discrete`` or 1-D ``Box`` action space. Anything else (Dict, Tuple, MultiDiscrete,
@@ -9,38 +9,19 @@ returns the first observation of the next episode and puts the last one in
 ``info["final_obs"]``. That is what truncation bootstrapping needs (the value of the
 final observation), with no dummy reset step to mask out as in the default
 ``NEXT_STEP`` mode.
+
+Not here: the `env` config section (`toolbox.envs.config`) and `SpaceSpec`, which
+belongs to the policy it describes (`toolbox.models.mlp`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from toolbox.core.errors import ConfigError
-
-
-class EnvConfig(BaseModel):
-    """The environment section: which gymnasium id, its options, and how many copies each runner steps."""
-
-    model_config = ConfigDict(extra="forbid")
-    id: str = Field("CartPole-v1", description="A registered gymnasium id, e.g. CartPole-v1, Pendulum-v1, Acrobot-v1.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for gymnasium.make (e.g. max_episode_steps).")
-    num_envs: int = Field(4, ge=1, description="Copies of the env in each runner's gymnasium.vector env.")
-
-
-@dataclass(frozen=True)
-class SpaceSpec:
-    """What the policy needs to know about an env's spaces (plain numbers, cheap to pickle)."""
-
-    obs_dim: int
-    action_kind: Literal["discrete", "continuous"]
-    action_dim: int  # number of actions (discrete) or action dimensions (continuous)
-    action_start: int = 0  # Discrete(n, start=k): the env's first action id
-    low: tuple[float, ...] = ()
-    high: tuple[float, ...] = ()
+from toolbox.envs.config import EnvConfig
+from toolbox.models.mlp import SpaceSpec
 
 
 def make_env(cfg: EnvConfig) -> Any:

@@ -2,7 +2,7 @@
 
 Plain Python + torch; `toolbox.actors.env_runner.EnvRunnerWorker` makes it a Ray actor.
 
-Episode boundaries follow gymnasium's SAME_STEP autoreset (see `toolbox.rl.envs`):
+Episode boundaries follow gymnasium's SAME_STEP autoreset (see `toolbox.envs.make`):
 on a truncation (a time limit) the runner evaluates ``V(final observation)`` so the
 learner can bootstrap from it; on a termination there is nothing to bootstrap.
 Episodes run on across rollouts; the env state is not checkpointed (a resumed run
@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from toolbox.models.mlp import ActorCritic, PolicyConfig
-from toolbox.rl.envs import EnvConfig, SpaceSpec, make_vector_env
-from toolbox.rl.running_stats import moments
-from toolbox.rl.trajectory import TrajectoryBatch
+from toolbox.envs.config import EnvConfig
+from toolbox.envs.make import make_vector_env
+from toolbox.envs.trajectory import TrajectoryBatch
+from toolbox.models.mlp import ActorCritic, PolicyConfig, SpaceSpec
+from toolbox.models.running_stats import moments
 from toolbox.rl.weights import WeightBucket, load_into
 
 

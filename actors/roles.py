@@ -1,0 +1,126 @@
+"""Typed role groups: one small facade per role over a `WorkerGroup` / `LocalGroup`.
+
+Trainers call these methods (checked by mypy against `toolbox.trainers.roles`), never
+a group method by name. Methods return `Pending` results at once, so calls chain:
+``score`` starts on a shard as soon as that shard's ``generate`` finished, ``update``
+as soon as the step's scores are in, and ``update_weights`` as soon as the learner
+exported. Each facade states its conformance by subclassing the Protocol it implements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from toolbox.core.pending import Pending
+from toolbox.engines.base import SamplingConfig
+from toolbox.rewards.base import RewardResult
+from toolbox.rl.batch import PromptRequest, RolloutBatch
+from toolbox.trainers.roles import (
+    EnvLearnerRole,
+    EnvRollout,
+    EnvRunnerRole,
+    Metrics,
+    OfflineLearnerRole,
+    PolicyLearnerRole,
+    RewardRole,
+    RolloutRole,
+    WeightRefs,
+)
+
+from .group import LocalGroup, WorkerGroup
+
+Group = WorkerGroup | LocalGroup
+
+
+class RoleGroup:
+    """The workers of one role."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+
+    def __len__(self) -> int:
+        return len(self.group)
+
+    def broadcast(self, method: str, *args: Any) -> Pending[Any]:
+        """The same call on every rank (collective methods of learner ranks, weight loads of engines)."""
+        return self.group.submit(method, [args] * len(self.group))
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
+
+
+class EngineGroup(RoleGroup):
+    """Workers that hold a copy of the policy and load the learner's exported weights."""
+
+    def update_weights(self, weights: Pending[WeightRefs]) -> Pending[float]:
+        """Every worker loads rank 0's buckets once the export finished (its next call waits for this one)."""
+        return self.broadcast("update_weights", weights.handles[0])
+
+
+class RolloutGroup(EngineGroup, RolloutRole):
+    """Rollout workers (`toolbox.actors.rollout.RolloutWorker`)."""
+
+    def generate(self, shards: Sequence[list[PromptRequest]], sampling: SamplingConfig) -> Pending[RolloutBatch]:
+        """Shard ``i`` goes to worker ``i % n``; each call's result is the batch itself (kept in the object store)."""
+        return self.group.submit("generate", [(shard, sampling) for shard in shards], bulk=True)
+
+
+class EnvRunnerGroup(EngineGroup, EnvRunnerRole):
+    """Env runners (`toolbox.actors.env_runner.EnvRunnerWorker`)."""
+
+    def rollout(self, steps_per_env: int) -> Pending[EnvRollout]:
+        return self.broadcast("rollout", steps_per_env)
+
+    def evaluate(self, counts: list[int], seeds: list[int]) -> list[list[float]]:
+        return self.group.submit("evaluate", list(zip(counts, seeds))).result()
+
+
+class RewardGroup(RoleGroup, RewardRole):
+    """Reward workers (`toolbox.actors.reward.RewardWorker`)."""
+
+    def score(self, batches: Pending[RolloutBatch]) -> Pending[RewardResult]:
+        """One call per rollout shard, spread over the workers; each starts when its shard is ready."""
+        return self.group.submit("score", [(ref,) for ref in batches.handles])
+
+
+class LearnerGroupBase(RoleGroup):
+    """What every learner group does: checkpoints (collective; rank 0's answer stands for all) and weight export."""
+
+    def save(self, path: str) -> str:
+        return str(self.broadcast("save", path).result()[0])
+
+    def load(self, path: str) -> int:
+        return int(self.broadcast("load", path).result()[0])
+
+    def export_weights(self) -> Pending[WeightRefs]:
+        """Every rank takes part in gathering the full weights; rank 0's result holds the bucket refs."""
+        return self.broadcast("export_weights")
+
+
+class PolicyLearnerGroup(LearnerGroupBase, PolicyLearnerRole):
+    """Learner ranks of an online policy algorithm (`toolbox.actors.learner.LearnerWorker`)."""
+
+    def update(self, batches: Pending[RolloutBatch], rewards: Pending[RewardResult],
+               keep_groups: list[int] | None = None) -> Pending[Metrics]:
+        """Rank 0 plans the step once (group statistics, each rank's rows); every rank then fetches its own rows."""
+        plan = self.group.submit("plan", [(batches.handles, rewards.handles, keep_groups)], ranks=[0])
+        return self.broadcast("update", plan.handles[0], batches.handles)
+
+
+class OfflineLearnerGroup(LearnerGroupBase, OfflineLearnerRole):
+    """Learner ranks over a fixed dataset: each builds its share of a step from the step index."""
+
+    def update(self, step: int) -> Metrics:
+        # Every rank returns the same globally reduced metrics; rank 0's stand for all.
+        return self.broadcast("update", step).result()[0]
+
+    def evaluate(self) -> Metrics:
+        return self.broadcast("evaluate").result()[0]
+
+
+class EnvLearnerGroup(LearnerGroupBase, EnvLearnerRole):
+    """Learner ranks of classic RL (`toolbox.algorithms.ppo_env.learner.PPOEnvLearner` in each)."""
+
+    def update(self, rollouts: Pending[EnvRollout]) -> Pending[Metrics]:
+        return self.broadcast("update", [r.batch for r in rollouts.result()])

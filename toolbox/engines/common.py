@@ -1,0 +1,84 @@
+"""Helpers the non-HF engines (vllm, sglang, http) share: completions -> `RolloutBatch`, finish reasons, seeds.
+
+Each of those engines receives a completion per request as token-id and log-prob lists; this module turns
+them into one batch, maps finish reasons, draws per-request seeds and counts the bytes of a weight update.
+Not here: anything about a backend's own API (in its module), or the hf engine's tensor-level path.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest, RolloutBatch
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion: response token ids, the behaviour log-prob of each, and a finish code."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish: int
+
+
+def finish_code(reason: Any, where: str) -> int:
+    """Map an engine's finish reason ("stop" / "length") to FINISH_STOP / FINISH_LENGTH.
+
+    Anything else (an abort, a content filter, None) is an infrastructure failure, never a
+    silently short sample, so it raises.
+    """
+    if reason == "stop":
+        return FINISH_STOP
+    if reason == "length":
+        return FINISH_LENGTH
+    raise RuntimeError(f"{where}: generation ended with finish reason {reason!r}; expected 'stop' or 'length'")
+
+
+def request_seeds(rng: random.Random, n: int, seeded: bool = True) -> list[int | None]:
+    """Distinct per-request seeds (rows of one group share a prompt and must not share a seed); all None when
+    ``seeded`` is off, leaving sampling to the engine-level seed."""
+    return [rng.randrange(2**31 - 1) for _ in range(n)] if seeded else [None] * n
+
+
+def batch_from_samples(requests: list[PromptRequest], samples: list[Sample], pad_id: int) -> RolloutBatch:
+    """Left-pad prompts, right-pad responses, and stack per-request samples into a `RolloutBatch`."""
+    if len(samples) != len(requests):
+        raise ValueError(f"engine returned {len(samples)} completions for {len(requests)} prompts")
+    for i, s in enumerate(samples):
+        if len(s.ids) != len(s.logprobs):
+            raise ValueError(f"row {i}: {len(s.ids)} response tokens but {len(s.logprobs)} log-probs")
+    b = len(requests)
+    p = max(len(r.ids) for r in requests)
+    r = max(1, max(len(s.ids) for s in samples))
+    prompt_ids = torch.full((b, p), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((b, p), dtype=torch.long)
+    response_ids = torch.full((b, r), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((b, r), dtype=torch.long)
+    logprobs = torch.zeros((b, r), dtype=torch.float32)
+    for i, (req, s) in enumerate(zip(requests, samples)):
+        prompt_ids[i, p - len(req.ids) :] = torch.tensor(req.ids, dtype=torch.long)
+        prompt_mask[i, p - len(req.ids) :] = 1
+        n = len(s.ids)
+        response_ids[i, :n] = torch.tensor(s.ids, dtype=torch.long)
+        response_mask[i, :n] = 1
+        logprobs[i, :n] = torch.tensor(s.logprobs, dtype=torch.float32)
+    return RolloutBatch(
+        prompt_ids_BP=prompt_ids,
+        prompt_mask_BP=prompt_mask,
+        response_ids_BR=response_ids,
+        response_mask_BR=response_mask,
+        logprobs_BR=logprobs,
+        group_B=torch.tensor([q.group for q in requests], dtype=torch.long),
+        finish_B=torch.tensor([s.finish for s in samples], dtype=torch.long),
+        extras=[q.extras for q in requests],
+    )
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes held by ``tensors``: what a weight update reports it loaded."""
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,0 +1,92 @@
+"""`PolicyRank`: the policy side of one learner rank, which every algorithm's learner holds (has-a, not is-a).
+
+It owns the trained policy (wrapped by the parallel strategy) with its optimizer and
+schedule, an optional frozen reference, further trained models a learner attaches (PPO's
+critic), the step counter, checkpoints and weight export. The loss and the update belong
+to the learner. Every public method is collective: all ranks call it together.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from toolbox.learner.collective import rank
+from toolbox.learner.config import LearnerConfig, OptimConfig
+from toolbox.learner.optim import TrainedModel
+from toolbox.learner.strategy import full_state_dict, wrap
+from toolbox.models.loading import load_causal_lm
+from toolbox.rl.weights import WeightBucket, pack_state_dict
+
+
+class PolicyRank:
+    """One rank's policy: model + optimizer + schedule, optional reference, companions, checkpoints, export."""
+
+    def __init__(self, model: nn.Module, cfg: LearnerConfig, optimizer_steps: int,
+                 reference: nn.Module | None = None) -> None:
+        self.cfg = cfg
+        self.trained = TrainedModel(model, cfg.optim, optimizer_steps)
+        self.ref = reference
+        self.companions: dict[str, TrainedModel] = {}
+        self.step = 0
+
+    @classmethod
+    def pretrained(cls, model_path: str, dtype: str, cfg: LearnerConfig, optimizer_steps: int,
+                   frozen_reference: bool = False) -> PolicyRank:
+        """A causal LM loaded with ``from_pretrained`` and wrapped by ``cfg.strategy``; with ``frozen_reference``,
+        a second, frozen copy of the initial weights wrapped the same way."""
+        model = wrap(load_causal_lm(model_path, dtype).train(), cfg.strategy)
+        ref = None
+        if frozen_reference:
+            ref = wrap(load_causal_lm(model_path, dtype).eval().requires_grad_(False), cfg.strategy)
+        return cls(model, cfg, optimizer_steps, ref)
+
+    @property
+    def model(self) -> nn.Module:
+        """The trained policy module (as wrapped by the strategy)."""
+        return self.trained.module
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.trained.optimizer
+
+    def optimizer_step(self) -> dict[str, float]:
+        """The clipped optimizer step of the policy; returns ``grad_norm`` and ``lr``."""
+        return self.trained.step()
+
+    def attach(self, name: str, module: nn.Module, optim: OptimConfig, optimizer_steps: int) -> TrainedModel:
+        """A second trained model of this rank (a critic): its own optimizer and schedule, checkpointed beside
+        the policy in the sub-directory ``name``."""
+        if name in self.companions:
+            raise ValueError(f"a trained model named {name!r} is already attached to this learner rank")
+        self.companions[name] = TrainedModel(module, optim, optimizer_steps)
+        return self.companions[name]
+
+    # ---- weights and checkpoints ------------------------------------------------------------
+    def export_weights(self) -> list[WeightBucket]:
+        """Full policy weights as buckets on rank 0; ``[]`` on other ranks."""
+        state = full_state_dict(self.model)
+        return pack_state_dict(state, self.cfg.bucket_mb << 20) if rank() == 0 else []
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The unsharded policy weights (on rank 0; empty elsewhere under a process group)."""
+        return full_state_dict(self.model)
+
+    def save(self, path: str | Path) -> Path:
+        """The policy (with step and schedule) into ``path``, each attached model into ``path/name``."""
+        path = Path(path)
+        self.trained.save(path, {"step": self.step})
+        for name, companion in self.companions.items():
+            companion.save(path / name, {})
+        return path
+
+    def load(self, path: str | Path) -> int:
+        """Restore what `save` wrote; returns the step it was saved at."""
+        path = Path(path)
+        self.step = int(self.trained.load(path)["step"])
+        for name, companion in self.companions.items():
+            companion.load(path / name)
+        return self.step
+

@@ -1,0 +1,39 @@
+"""Per-token log-probs: the one function engines, learners and supervised losses all use.
+
+`token_logprobs` scores labels under logits already aligned with them; `response_logprobs`
+runs a causal LM over prompt + response rows and scores the response tokens (what the
+learners train on and what the ``hf`` engine reports as behaviour log-probs).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import nn
+
+
+def token_logprobs(logits_BTV: torch.Tensor, labels_BT: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``log softmax(logits[b, t] / temperature)[labels[b, t]]``, ``[B, T]``, computed in float32."""
+    logits = logits_BTV.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, labels_BT.unsqueeze(-1)).squeeze(-1)
+
+
+class ResponseRows(Protocol):
+    """Left-padded prompts and right-padded responses (`toolbox.rl.batch.RolloutBatch` is one)."""
+
+    prompt_ids_BP: torch.Tensor
+    response_ids_BR: torch.Tensor
+    response_mask_BR: torch.Tensor
+
+    def model_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
+def response_logprobs(model: nn.Module, rows: ResponseRows, temperature: float) -> torch.Tensor:
+    """``log p(response token | prefix)`` at ``temperature`` for every response position, ``[B, R]`` (0 at padding)."""
+    ids, attn, position_ids = rows.model_inputs()
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=False).logits
+    p = rows.prompt_ids_BP.shape[1]
+    return token_logprobs(logits[:, p - 1 : -1], rows.response_ids_BR, temperature) * rows.response_mask_BR

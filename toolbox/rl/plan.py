@@ -1,0 +1,106 @@
+"""`StepPlan`: what learner rank 0 decides once per online step, so every rank fetches and trains on only its rows.
+
+Rank 0 reads the whole step (every rollout shard and its rewards), computes every
+group-level statistic once (advantages, filters, preference pairs, step metrics) and says
+which global rows each rank trains on. Each rank then fetches only the shards holding its
+rows (`shards_for`) and cuts its rows out of them (`gather`). Rows are numbered globally in
+shard order. An algorithm's plan subclasses this with its per-row statistics.
+
+Plain Python and torch: fetching the shards is the actor's job (`toolbox.actors.learner`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from toolbox.rewards.base import RewardResult
+from toolbox.rl.batch import RolloutBatch, phase_seconds
+
+
+@dataclass
+class StepPlan:
+    """Which global rows each learner rank trains on, plus the step's metrics (the same for every rank).
+
+    ``shard_rows`` counts the rows of each rollout shard, in order. ``rank_rows[r]`` holds the
+    ascending global row indices rank ``r`` trains on. ``response_width`` is the padded
+    response width of the whole step's batch: a rank's own rows may be narrower, so whatever
+    depends on the global width (Dr. GRPO's constant normaliser) reads it from here.
+    """
+
+    shard_rows: list[int]
+    rank_rows: list[torch.Tensor]
+    response_width: int
+    metrics: dict[str, float]
+
+    @property
+    def world(self) -> int:
+        return len(self.rank_rows)
+
+    def shards_for(self, rank: int) -> list[int]:
+        """The shards (indices into the step's shard list) that hold rank ``rank``'s rows, ascending."""
+        return sorted(set(self._shard_of(self.rank_rows[rank]).tolist()))
+
+    def gather(self, rank: int, shards: dict[int, RolloutBatch]) -> RolloutBatch:
+        """Rank ``rank``'s rows, in plan order, cut from the shards it fetched (``{shard index: shard}``)."""
+        wanted = self.shards_for(rank)
+        missing = [i for i in wanted if i not in shards]
+        if missing:
+            raise ValueError(f"learner rank {rank}: the step plan needs rollout shards {missing}, "
+                             f"which were not fetched (got {sorted(shards)})")
+        rows = self.rank_rows[rank]
+        starts = torch.tensor([0, *self.shard_rows]).cumsum(0)
+        fetched = torch.tensor([self.shard_rows[i] for i in wanted])
+        local_start = dict(zip(wanted, (fetched.cumsum(0) - fetched).tolist()))
+        shard = self._shard_of(rows)
+        local = rows - starts[shard] + torch.tensor([local_start[int(i)] for i in shard], dtype=torch.long)
+        return RolloutBatch.concat([shards[i] for i in wanted]).select(local)
+
+    def _shard_of(self, rows: torch.Tensor) -> torch.Tensor:
+        ends = torch.tensor(self.shard_rows).cumsum(0)
+        return torch.bucketize(rows, ends, right=True)
+
+
+@dataclass
+class StepRows:
+    """The whole step as rank 0 reads it: the batch and rewards of the rows it trains on, their global indices
+    (``kept``), and the step metrics that do not depend on the update."""
+
+    batch: RolloutBatch
+    rewards: RewardResult
+    kept: torch.Tensor
+    response_width: int
+    metrics: dict[str, float]
+
+    def shares(self, world: int, whole: int = 1) -> list[slice]:
+        """The kept rows cut into ``world`` equal consecutive shares (positions into ``batch``), each made of
+        whole runs of ``whole`` rows (whole groups, where an algorithm pairs within groups)."""
+        n = len(self.kept)
+        if n % world or (n // world) % whole:
+            raise ValueError(f"a step of {n} rows does not split over {world} learner ranks into whole groups of "
+                             f"{whole} rows; make algorithm.prompts_per_step a multiple of learner.num_workers")
+        size = n // world
+        return [slice(r * size, (r + 1) * size) for r in range(world)]
+
+    def plan_fields(self, shards: list[RolloutBatch], cuts: list[slice]) -> dict[str, Any]:
+        """The `StepPlan` fields of this step for ranks cut as ``cuts``: pass them on with ``**``."""
+        return {"shard_rows": [len(s) for s in shards], "rank_rows": [self.kept[c] for c in cuts],
+                "response_width": self.response_width, "metrics": self.metrics}
+
+
+def read_step(shards: list[RolloutBatch], results: list[RewardResult], keep_groups: list[int] | None) -> StepRows:
+    """Concatenate a step's shards and rewards and keep the groups ``keep_groups`` names (all when ``None``).
+
+    Reward metrics cover every sampled row (dropped groups too), ``response_len`` the kept rows.
+    """
+    batch, rewards = RolloutBatch.concat(shards), RewardResult.concat(results)
+    metrics = {**rewards.metrics(), **phase_seconds(shards, results)}
+    width = int(batch.response_ids_BR.shape[1])
+    kept = torch.arange(len(batch))
+    if keep_groups is not None:
+        kept = torch.isin(batch.group_B, torch.tensor(keep_groups)).nonzero().squeeze(1)
+        batch, rewards = batch.select(kept), rewards.select(kept)
+    metrics["response_len"] = float(batch.response_lengths_B.float().mean())
+    return StepRows(batch, rewards, kept, width, metrics)

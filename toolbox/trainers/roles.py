@@ -1,0 +1,97 @@
+"""What driver loops need of each role: typed Protocols the real role groups (toolbox.actors.roles) and the test
+fakes both implement, so mypy holds trainers, groups and fakes together.
+
+Methods return `Pending` results at once; a loop chains them (``reward.score(rollout.generate(...))``)
+and waits once per step with `toolbox.core.pending.wait`. Bulk data (batches, rewards,
+weights) never reaches the driver: only metric dicts and small values are fetched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from toolbox.core.pending import Pending
+from toolbox.engines.base import SamplingConfig
+from toolbox.rewards.base import RewardResult
+from toolbox.rl.batch import PromptRequest, RolloutBatch
+
+Metrics = dict[str, float]
+WeightRefs = list[Any]  # what a learner exports: bucket refs (CPU object store) for engines to load
+
+
+class Role(Protocol):
+    def __len__(self) -> int: ...
+
+
+class RolloutRole(Role, Protocol):
+    """Generation engines: one shard of prompt requests per worker call."""
+
+    def generate(self, shards: Sequence[list[PromptRequest]], sampling: SamplingConfig) -> Pending[RolloutBatch]: ...
+
+    def update_weights(self, weights: Pending[WeightRefs]) -> Pending[float]:
+        """Every worker loads rank 0's exported buckets; each result is the seconds the load took."""
+        ...
+
+
+class RewardRole(Role, Protocol):
+    """Reward workers: one call per rollout shard, each starting when that shard is generated."""
+
+    def score(self, batches: Pending[RolloutBatch]) -> Pending[RewardResult]: ...
+
+
+class CheckpointRole(Role, Protocol):
+    """Learner groups save and restore together (collective); both return at once on every rank."""
+
+    def save(self, path: str) -> str: ...
+
+    def load(self, path: str) -> int: ...
+
+    def export_weights(self) -> Pending[WeightRefs]: ...
+
+
+class PolicyLearnerRole(CheckpointRole, Protocol):
+    """Learners of online policy algorithms (GRPO, PPO, online DPO)."""
+
+    def update(self, batches: Pending[RolloutBatch], rewards: Pending[RewardResult],
+               keep_groups: list[int] | None = None) -> Pending[Metrics]:
+        """Group statistics computed once (rank 0), then every rank trains on its own rows."""
+        ...
+
+
+class OfflineLearnerRole(CheckpointRole, Protocol):
+    """Learners over a fixed dataset (SFT, DPO): each rank builds its share of step ``step`` itself."""
+
+    def update(self, step: int) -> Metrics: ...
+
+    def evaluate(self) -> Metrics: ...
+
+
+@dataclass
+class EnvRollout:
+    """One env runner's share of a step: its trajectory batch by ref (bulk) and its episode stats by value."""
+
+    batch: Any
+    steps: int
+    returns: list[float]
+    lengths: list[int]
+    seconds: float
+
+
+class EnvRunnerRole(Role, Protocol):
+    """Gymnasium env runners: each steps its vector env with the current policy."""
+
+    def rollout(self, steps_per_env: int) -> Pending[EnvRollout]: ...
+
+    def update_weights(self, weights: Pending[WeightRefs]) -> Pending[float]: ...
+
+    def evaluate(self, counts: list[int], seeds: list[int]) -> list[list[float]]:
+        """Runner ``i`` plays ``counts[i]`` episodes from seed ``seeds[i]`` with the deterministic policy."""
+        ...
+
+
+class EnvLearnerRole(CheckpointRole, Protocol):
+    """Learners of classic RL: every rank reads every runner's (small) batch."""
+
+    def update(self, rollouts: Pending[EnvRollout]) -> Pending[Metrics]: ...
