@@ -30,7 +30,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from toolbox.core.errors import WorkerError
-from toolbox.core.pending import Pending, T
+from toolbox.core.pending import Pending, T, deadlines
 
 Args = tuple[Any, ...]
 
@@ -45,20 +45,21 @@ class RayWaiter:
     """Waits for object refs of calls on any number of groups, with one deadline."""
 
     def wait(self, pendings: Sequence[Pending[Any]]) -> None:
+        limits = dict(zip(map(id, pendings), deadlines(pendings)))
         calls = [(p, i) for p in pendings for i in range(len(p))]
         refs = [p.handles[i] for p, i in calls]
-        # Stages run one after another in the worst case, so the budget is the sum of their roles' timeouts.
-        budget = sum({p.role: p.timeout_s for p in pendings}.values())
-        deadline = time.monotonic() + budget
         remaining = list(refs)
         while remaining:
-            ready, remaining = ray.wait(remaining, num_returns=1, timeout=max(0.0, deadline - time.monotonic()),
+            nearest = min(limits[id(calls[refs.index(r)][0])] for r in remaining)
+            ready, remaining = ray.wait(remaining, num_returns=1, timeout=max(0.0, nearest - time.monotonic()),
                                         fetch_local=False)
             if not ready:
+                if all(limits[id(calls[refs.index(r)][0])] > time.monotonic() for r in remaining):
+                    continue
                 # The first call (in pipeline order) still running held the others up.
                 p, i = calls[refs.index(remaining[0])]
-                raise WorkerError(p.role, p.ranks[i], p.node(i), f"{p.method} did not finish within {budget}s "
-                                  f"({len(remaining)} of {len(refs)} calls of this step still running)")
+                raise WorkerError(p.role, p.ranks[i], p.node(i), f"{p.method} did not finish within {p.timeout_s}s "
+                                  f"({len(remaining)} of {len(refs)} calls still running)")
             p, i = calls[refs.index(ready[0])]
             if not p.bulk:
                 err = _failure(p, i)

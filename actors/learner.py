@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -73,9 +74,11 @@ class LearnerWorker:
         Otherwise (offline step index, env runners' batch refs) every ref argument is fetched first."""
         if args and isinstance(args[0], StepPlan):
             plan, shard_refs = args
+            start = time.perf_counter()
             mine = plan.shards_for(self.rank)
             fetched = resolve([shard_refs[i] for i in mine])
-            return self._learner.update(plan, dict(zip(mine, fetched)))
+            metrics = self._learner.update(plan, dict(zip(mine, fetched)))
+            return {**metrics, "train_s": time.perf_counter() - start}
         return self._learner.update(*(resolve(a) for a in args))
 
     def evaluate(self, *args: Any) -> dict[str, float]:

@@ -80,8 +80,11 @@ class RewardGroup(RoleGroup, RewardRole):
     """Reward workers (`toolbox.actors.reward.RewardWorker`)."""
 
     def score(self, batches: Pending[RolloutBatch]) -> Pending[RewardResult]:
-        """One call per rollout shard, spread over the workers; each starts when its shard is ready."""
-        return self.group.submit("score", [(ref,) for ref in batches.handles])
+        """One call per rollout shard, spread over the workers; each starts when its shard is ready.
+
+        Results grow with the batch, so a wait does not fetch them (the learner's plan reads them).
+        """
+        return self.group.submit("score", [(ref,) for ref in batches.handles], bulk=True)
 
 
 class LearnerGroupBase(RoleGroup):

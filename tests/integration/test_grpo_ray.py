@@ -109,18 +109,24 @@ def test_one_driver_wait_per_grpo_step(ray_session: None, tmp_path: Path, monkey
     """Generate -> score -> plan -> update -> export -> load weights chain by ref: the driver waits once a step."""
     from toolbox.actors.group import RayWaiter
 
-    waits: list[int] = []
+    waits: list[int] = []  # per training step: the driver's waits inside it
+    in_step = [False]
     original = RayWaiter.wait
-    builder, trainer = build(tmp_path, "trainer.total_steps=3", "algorithm.prompts_per_step=4")
+    builder, trainer = build(tmp_path, "trainer.total_steps=3", "algorithm.prompts_per_step=8")
     step_calls = trainer.train_step
 
     def counted(self: RayWaiter, pendings: Any) -> None:
-        waits[-1:] = [waits[-1] + 1] if waits else []
+        if in_step[0]:
+            waits[-1] += 1
         original(self, pendings)
 
     def step(n: int) -> dict[str, float]:
         waits.append(0)
-        return step_calls(n)
+        in_step[0] = True
+        try:
+            return step_calls(n)
+        finally:
+            in_step[0] = False
 
     monkeypatch.setattr(RayWaiter, "wait", counted)
     monkeypatch.setattr(trainer, "train_step", step)

@@ -94,3 +94,26 @@ def test_online_dpo_plan_pairs_whole_groups_per_rank(tiny_model_dir: Path, monke
     monkeypatch.setattr("toolbox.algorithms.online_dpo.learner.world", lambda: 8)
     with pytest.raises(ValueError, match="a step of 8 rows does not split over 8 learner ranks into whole groups of 2"):
         learner.plan(shards, results)
+
+
+class RecordingLearner:
+    """Stands in for an online learner: remembers which shards `update` was handed."""
+
+    def __init__(self) -> None:
+        self.got: dict[int, RolloutBatch] = {}
+
+    def update(self, plan: StepPlan, shards: dict[int, RolloutBatch]) -> dict[str, float]:
+        self.got = shards
+        return dict(plan.metrics)
+
+
+def test_learner_worker_hands_a_rank_only_the_shards_its_rows_are_in() -> None:
+    from toolbox.actors.learner import LearnerWorker
+
+    learner = RecordingLearner()
+    worker = LearnerWorker(rank=1, world_size=2, build=lambda: learner, distributed=False)
+    worker.setup("127.0.0.1", 0, 10.0)
+    shards = [shard(0, 4, 3), shard(4, 4, 5), shard(8, 4, 2)]
+    plan = StepPlan([4, 4, 4], [torch.arange(0, 6), torch.arange(6, 12)], response_width=5, metrics={"reward": 1.0})
+    assert worker.update(plan, shards) == {"reward": 1.0}
+    assert sorted(learner.got) == [1, 2] and learner.got[2] is shards[2]

@@ -112,7 +112,7 @@ class ExperimentConfig(BaseModel):
     algorithm: SerializeAsAny[AlgorithmConfig] = Field(
         default_factory=lambda: algorithm_config({}), description="Algorithm hyper-parameters; `name` selects it "
         "(any registered algorithm, plugins included).")
-    env: EnvConfig = Field(default_factory=EnvConfig, description="The gymnasium env (classic-RL algorithms such as ppo_env only).")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="The gymnasium env and its env-runner actors (classic-RL algorithms such as ppo_env only).")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Driver loop.")
     callbacks: list[Annotated[SerializeAsAny[Spec], CALLBACK]] = Field(
         default_factory=lambda: [CALLBACK.parse({"name": name}) for name in DEFAULT_CALLBACKS],

@@ -9,8 +9,9 @@ gives it the `Waiter` that can wait for it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -43,6 +44,7 @@ class Pending(Generic[T]):
     waiter: Waiter
     bulk: bool = False
     done: bool = False  # set once a wait saw every call finish
+    submitted: float = field(default_factory=time.monotonic)
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -56,13 +58,26 @@ class Pending(Generic[T]):
         """Calls of several rounds on one group, as one pending (in order)."""
         first = pendings[0]
         return Pending([h for p in pendings for h in p.handles], [r for p in pendings for r in p.ranks], first.method,
-                       first.role, first.nodes, first.timeout_s, first.waiter, first.bulk)
+                       first.role, first.nodes, first.timeout_s, first.waiter, first.bulk,
+                       submitted=min(p.submitted for p in pendings))
 
     def result(self) -> list[T]:
         """Their results (waiting first unless a wait already saw them finish)."""
         if not self.done:
             wait(self)
         return self.waiter.fetch(self)
+
+
+def deadlines(pendings: Sequence[Pending[Any]]) -> list[float]:
+    """When each pending must be done: a stage may start only when the stages before it (in the order given)
+    are done, so its budget is its own role's timeout plus those of the roles before it."""
+    out, budget, seen = [], 0.0, set()
+    for p in pendings:
+        if p.role not in seen:
+            seen.add(p.role)
+            budget += p.timeout_s
+        out.append(p.submitted + budget)
+    return out
 
 
 def wait(*pendings: Pending[Any]) -> None:
