@@ -69,16 +69,18 @@ class LearnerWorker:
         rewards: list[RewardResult] = resolve(reward_refs)
         return self._learner.plan(shards, rewards, keep_groups)
 
+    def update_planned(self, plan: StepPlan, shard_refs: list[ray.ObjectRef]) -> dict[str, float]:
+        """Online step: ``learner.update(plan, shards)`` with only the shards ``plan`` assigns this rank fetched
+        (Ray resolved ``plan`` itself: rank 0's `plan` result); adds ``train_s``, the time this rank took."""
+        start = time.perf_counter()
+        mine = plan.shards_for(self.rank)
+        fetched = resolve([shard_refs[i] for i in mine])
+        metrics = self._learner.update(plan, dict(zip(mine, fetched)))
+        return {**metrics, "train_s": time.perf_counter() - start}
+
     def update(self, *args: Any) -> dict[str, float]:
-        """``learner.update``. Online, ``(plan, shard_refs)``: fetch only the shards ``plan`` assigns this rank.
-        Otherwise (offline step index, env runners' batch refs) every ref argument is fetched first."""
-        if args and isinstance(args[0], StepPlan):
-            plan, shard_refs = args
-            start = time.perf_counter()
-            mine = plan.shards_for(self.rank)
-            fetched = resolve([shard_refs[i] for i in mine])
-            metrics = self._learner.update(plan, dict(zip(mine, fetched)))
-            return {**metrics, "train_s": time.perf_counter() - start}
+        """``learner.update`` with every ref (or list of refs) argument fetched first (offline step index, env
+        runners' batch refs)."""
         return self._learner.update(*(resolve(a) for a in args))
 
     def evaluate(self, *args: Any) -> dict[str, float]:

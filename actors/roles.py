@@ -108,7 +108,7 @@ class PolicyLearnerGroup(LearnerGroupBase, PolicyLearnerRole):
                keep_groups: list[int] | None = None) -> Pending[Metrics]:
         """Rank 0 plans the step once (group statistics, each rank's rows); every rank then fetches its own rows."""
         plan = self.group.submit("plan", [(batches.handles, rewards.handles, keep_groups)], ranks=[0])
-        return self.broadcast("update", plan.handles[0], batches.handles)
+        return self.broadcast("update_planned", plan.handles[0], batches.handles)
 
 
 class OfflineLearnerGroup(LearnerGroupBase, OfflineLearnerRole):

@@ -115,6 +115,6 @@ def test_learner_worker_hands_a_rank_only_the_shards_its_rows_are_in() -> None:
     worker.setup("127.0.0.1", 0, 10.0)
     shards = [shard(0, 4, 3), shard(4, 4, 5), shard(8, 4, 2)]
     plan = StepPlan([4, 4, 4], [torch.arange(0, 6), torch.arange(6, 12)], response_width=5, metrics={"reward": 1.0})
-    metrics = worker.update(plan, shards)
+    metrics = worker.update_planned(plan, shards)
     assert metrics["reward"] == 1.0 and metrics["train_s"] >= 0.0  # the learner's metrics, plus its own timing
     assert sorted(learner.got) == [1, 2] and learner.got[2] is shards[2]

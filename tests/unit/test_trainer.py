@@ -65,7 +65,7 @@ class FakeLearner:
         assert self.rank == 0 and [b["rows"] for b in batches] == [len(r) for r in rewards]
         return {"shards": len(batches)}
 
-    def update(self, plan: dict[str, Any], batches: list[dict[str, int]]) -> dict[str, float]:
+    def update_planned(self, plan: dict[str, Any], batches: list[dict[str, int]]) -> dict[str, float]:
         assert plan == {"shards": len(batches)}
         if self.fail_at is not None and self.updates == self.fail_at:
             raise RuntimeError("boom")
@@ -196,7 +196,7 @@ def test_worker_failure_names_role_and_rank(tmp_path: Path) -> None:
         trainer.fit()
     err = info.value
     assert err.role == "learner" and err.rank == 1
-    assert "learner rank 1" in str(err) and "update raised: RuntimeError: boom" in str(err)
+    assert "learner rank 1" in str(err) and "update_planned raised: RuntimeError: boom" in str(err)
     assert [p["step"] for e, p in rec.events if e is Event.STEP_END] == [1]
     assert not any(e is Event.FIT_END for e, _ in rec.events)
 
