@@ -2,11 +2,11 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
 
 .PHONY: setup run test test-fast lint bench docs clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py  # setup.py maps actors/ and configs/ into the (editable) install
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch first: a looser requirement would pull a multi-GB CUDA build.

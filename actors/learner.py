@@ -93,6 +93,10 @@ class LearnerWorker:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self._learner.policy.full_state_dict()
 
+    def export_hf(self, path: str) -> str:
+        """Collective: every rank joins the gather of the full weights; rank 0 writes the Hugging Face directory."""
+        return self._learner.policy.export_hf(path)
+
     def save(self, path: str) -> str:
         return str(self._learner.policy.save(path))
 

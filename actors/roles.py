@@ -100,6 +100,10 @@ class LearnerGroupBase(RoleGroup):
         """Every rank takes part in gathering the full weights; rank 0's result holds the bucket refs."""
         return self.broadcast("export_weights")
 
+    def export_hf(self, path: str) -> str:
+        """The policy as a Hugging Face model directory at ``path`` (every rank gathers, rank 0 writes); waits."""
+        return str(self.broadcast("export_hf", path).result()[0])
+
 
 class PolicyLearnerGroup(LearnerGroupBase, PolicyLearnerRole):
     """Learner ranks of an online policy algorithm (`toolbox.actors.learner.LearnerWorker`)."""

@@ -1,4 +1,8 @@
-"""``python -m toolbox.cli {docs,components,config}``: generated docs and introspection.
+"""The ``toolbox`` command: ``toolbox COMMAND [args ...]`` (also ``python -m toolbox.cli COMMAND ...``).
+
+``run``, ``tune``, ``eval``, ``export`` and ``bench`` hand their arguments, unchanged, to the ``main(argv)`` of
+``toolbox.run``, ``toolbox.tune``, ``toolbox.eval``, ``toolbox.export`` and ``toolbox.bench`` (each also runs as
+``python -m toolbox.X``). The rest live here: generated docs and introspection.
 
 - ``docs``: write docs/configuration.md (every config field) and docs/components.md (every registry entry).
 - ``components``: print the registries.
@@ -7,11 +11,13 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
 import types
 import typing
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -151,26 +157,122 @@ def configuration_markdown() -> str:
             + _table(rows, ("field", "type", "default", "description")) + "\n")
 
 
-def main(argv: list[str]) -> int:
-    command = argv[0] if argv else "components"
-    if command == "docs":
-        DOCS.mkdir(exist_ok=True)
-        (DOCS / "configuration.md").write_text(configuration_markdown())
-        (DOCS / "components.md").write_text(components_markdown())
-        print(f"wrote {DOCS / 'configuration.md'} and {DOCS / 'components.md'}")
-        return 0
-    if command == "components":
-        print(components_markdown())
-        return 0
-    if command == "config":
-        import yaml
+@dataclass(frozen=True)
+class Command:
+    """One subcommand of ``toolbox``: the ``module:function`` that takes its arguments, and its line of help."""
 
-        from toolbox.config import load_config
+    target: str
+    summary: str
+    #: Whether ``function(["--help"])`` prints its own help; if not, ``toolbox NAME --help`` prints the module's
+    #: docstring instead (``toolbox.tune`` would read ``--help`` as a malformed override).
+    own_help: bool = True
 
-        print(yaml.safe_dump(load_config(argv[1:]).model_dump(mode="json"), sort_keys=False))
+
+COMMANDS: dict[str, Command] = {
+    "run": Command("toolbox.run:main", "run one experiment as one Ray job: [experiment=NAME|PATH] [a.b.c=value ...]"),
+    "tune": Command("toolbox.tune:main", "a Ray Tune sweep, each trial one whole experiment: sweep=NAME|PATH [a.b.c=value ...]",
+                    own_help=False),
+    "eval": Command("toolbox.eval:main", "score a model or a run's policy on a task's eval split (pass@k, mean reward)"),
+    "export": Command("toolbox.export:main", "write a run's checkpoint as a Hugging Face model directory: RUN_DIR OUT_DIR"),
+    "bench": Command("toolbox.bench.__main__:main", "benchmarks against TRL / RLlib and of weight sync: NAME [options]"),
+    "config": Command("toolbox.cli:config_command", "print an experiment's resolved config as YAML: [experiment=NAME|PATH] [a.b.c=value ...]"),
+    "docs": Command("toolbox.cli:docs_command", "regenerate docs/configuration.md and docs/components.md"),
+    "components": Command("toolbox.cli:components_command", "print every name a config can select (algorithms, engines, rewards, ...)"),
+}
+
+
+def usage() -> str:
+    """``toolbox --help``: every subcommand with its line of help."""
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {command.summary}" for name, command in COMMANDS.items()]
+    return ("usage: toolbox COMMAND [args ...]\n\ncommands:\n" + "\n".join(lines)
+            + "\n\n`toolbox COMMAND --help` shows a command's own help.")
+
+
+def _wants_help(argv: Sequence[str]) -> bool:
+    return bool(argv) and argv[0] in {"-h", "--help"}
+
+
+def config_command(argv: list[str]) -> int:
+    """``toolbox config [experiment=NAME|PATH] [a.b.c=value ...]``: the resolved config as YAML; 2 on a bad config."""
+    if _wants_help(argv):
+        print("usage: toolbox config [experiment=NAME|PATH] [a.b.c=value ...]\n\nPrints the config that "
+              "`toolbox run` with the same arguments would use, every default filled in, as YAML.")
         return 0
-    print(__doc__, file=sys.stderr)
-    return 2
+    import yaml
+
+    from toolbox.config import load_config
+    from toolbox.core.errors import ConfigError
+
+    try:
+        cfg = load_config(argv)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+    return 0
+
+
+def docs_command(argv: list[str]) -> int:
+    """``toolbox docs``: write docs/configuration.md and docs/components.md."""
+    if argv:
+        print(f"usage: toolbox docs\n\n{COMMANDS['docs'].summary}", file=sys.stdout if _wants_help(argv) else sys.stderr)
+        return 0 if _wants_help(argv) else 2
+    if not (DOCS.parent / "pyproject.toml").is_file():  # an installed wheel: DOCS would be site-packages/docs
+        print(f"toolbox docs: {DOCS.parent} is not a source checkout; run it in one", file=sys.stderr)
+        return 2
+    DOCS.mkdir(exist_ok=True)
+    (DOCS / "configuration.md").write_text(configuration_markdown())
+    (DOCS / "components.md").write_text(components_markdown())
+    print(f"wrote {DOCS / 'configuration.md'} and {DOCS / 'components.md'}")
+    return 0
+
+
+def components_command(argv: list[str]) -> int:
+    """``toolbox components``: the component catalog (markdown) on stdout."""
+    if argv:
+        print(f"usage: toolbox components\n\n{COMMANDS['components'].summary}",
+              file=sys.stdout if _wants_help(argv) else sys.stderr)
+        return 0 if _wants_help(argv) else 2
+    print(components_markdown())
+    return 0
+
+
+def dispatch(name: str, argv: list[str]) -> int:
+    """Import ``COMMANDS[name]``'s module only now (a missing one is an error of this command alone) and run it."""
+    command = COMMANDS[name]
+    module_name, _, function = command.target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        missing = err.name or "?"
+        what = ("is not part of this installation" if module_name == missing or module_name.startswith(missing + ".")
+                else f"needs the package {missing!r}, which is not installed")
+        print(f"toolbox {name}: {module_name} {what} ({err})", file=sys.stderr)
+        return 1
+    if _wants_help(argv) and not command.own_help:
+        print(f"usage: toolbox {name} ...\n\n{inspect.getdoc(module) or command.summary}")
+        return 0
+    return int(getattr(module, function)(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``toolbox COMMAND [args ...]``. Exit codes: the command's own; 2 for a missing or unknown command.
+
+    A hand-written dispatcher rather than argparse subparsers: every command parses its own arguments (dotted
+    ``a.b.c=value`` overrides, ``--help``), so the top level only picks a command and forwards the rest verbatim.
+    Subparsers would need ``nargs=REMAINDER``, which fails when the first forwarded argument is an option
+    (``toolbox run --help``; bpo-17050), or ``parse_known_args``, which re-splits the arguments.
+    """
+    args = sys.argv[1:] if argv is None else list(argv)
+    if _wants_help(args) or args[:1] == ["help"]:
+        print(usage())
+        return 0
+    if not args or args[0] not in COMMANDS:
+        problem = f"unknown command {args[0]!r}" if args else "no command given"
+        print(f"toolbox: {problem}\n\n{usage()}", file=sys.stderr)
+        return 2
+    return dispatch(args[0], args[1:])
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def resolve_model_path(cfg: ExperimentConfig, run_root: Path) -> str:
         if not model.path:
             raise ConfigError("model.path is empty and model.tiny is null: name a model directory or hub id")
         return model.path
-    task = TASKS.build(cfg.task)
+    task = TASKS.build(cfg.task, inject={"data": cfg.data})
     digest = hashlib.sha1((model.tiny.model_dump_json() + task.alphabet()).encode()).hexdigest()[:10]
     path = Path(model.path) if model.path else run_root / ".models" / f"tiny-{model.tiny.arch}-{digest}"
     return str(ensure_tiny_model(path, model.tiny, task.alphabet()))

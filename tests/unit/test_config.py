@@ -68,7 +68,7 @@ def test_unknown_registry_name_lists_registered() -> None:
 
 @pytest.mark.parametrize(("override", "message"), [
     ("reward.spec.name=nope", "reward.spec.name: 'nope' is not a registered reward; allowed: ['exact_match', "),
-    ("task.name=nope", "task.name: 'nope' is not a registered task; allowed: ['digit_add', "),
+    ("task.name=nope", "task.name: 'nope' is not a registered task; allowed: ['dataset', 'digit_add', "),
     ("callbacks.2.name=nope", "callbacks.2.name: 'nope' is not a registered callback; allowed: ['console', "),
     ("rollout.engine.max_batch_size=0", "rollout.engine.max_batch_size: Input should be greater than or equal to 1 (got 0)"),
     ("task.max_opernd=3", "task.max_opernd: Extra inputs are not permitted (got 3)"),

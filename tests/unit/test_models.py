@@ -43,3 +43,14 @@ def test_tiny_model_is_deterministic_and_reused(tmp_path: Path) -> None:
 def test_unknown_arch_fails_in_config_naming_the_field() -> None:
     with pytest.raises(ConfigError, match=r"model\.tiny\.arch: Input should be 'qwen2' or 'llama'"):
         load_config(["model.tiny.arch=gpt9"])
+
+
+def test_tiny_char_tokenizer_keeps_spaces_after_a_round_trip(tmp_path) -> None:  # noqa: ANN001
+    """transformers 5 would hand a qwen2 directory its own Qwen2Tokenizer, which drops the spaces of word problems."""
+    from toolbox.models.loading import TinyModelConfig, load_tokenizer
+    from toolbox.models.tiny import ensure_tiny_model
+
+    path = ensure_tiny_model(tmp_path / "tiny", TinyModelConfig(), "ab1 ?")
+    tok = load_tokenizer(str(path))
+    ids = tok("a 1?", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 4 and tok.decode(ids) == "a 1?"

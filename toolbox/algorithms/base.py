@@ -69,7 +69,8 @@ def policy_roles(builder: ExperimentBuilder, learner_cls: type, algo: AlgorithmC
     ))
     learner = PolicyLearnerGroup(builder.learner_group(
         partial(learner_cls, path, c.model.dtype, c.learner, algo, c.trainer.total_steps)))
-    return PolicyRoles(rollout, reward, learner, PromptSource(TASKS.build(c.task), load_tokenizer(path), c.trainer.seed))
+    return PolicyRoles(rollout, reward, learner, PromptSource(TASKS.build(c.task, inject={"data": c.data}), load_tokenizer(path),
+                                                           c.trainer.seed))
 
 
 def policy_wiring(builder: ExperimentBuilder, bus: EventBus, learner_cls: type, algo: GroupSampling,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,18 @@ from toolbox.config.schema import ExperimentConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.registry import format_validation_error
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+def _config_dir() -> Path:
+    """Where the shipped experiment and sweep YAMLs are.
+
+    An installed wheel carries them as package data in ``toolbox/configs/``; a source checkout (and an editable
+    install of it) reads the repository's top-level ``configs/``, their one source of truth (setup.py maps it).
+    """
+    packaged = Path(str(files("toolbox") / "configs"))
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[2] / "configs"
+
+
+CONFIG_DIR = _config_dir()
 
 
 def experiment_path(name: str) -> Path:

@@ -18,6 +18,8 @@ from toolbox.callbacks import CALLBACKS
 from toolbox.config.algorithm import DEFAULT_ALGORITHM, AlgorithmConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.registry import Spec, SpecOf
+from toolbox.data.check import check_data
+from toolbox.data.rows import DataConfig
 from toolbox.data.tasks import TASKS
 from toolbox.engines.base import ENGINES, SamplingConfig
 from toolbox.envs.config import EnvConfig
@@ -85,6 +87,8 @@ class TrainerConfig(BaseModel):
     run_root: str = Field("runs", description="Directory under which each run gets its own directory.")
     run_name: str = Field("", description="Run directory name; empty: '<experiment>-<timestamp>'.")
     resume_from: str = Field("", description="A checkpoint directory (runs/x/checkpoints/step_N) or a run directory (its latest).")
+    export: bool = Field(False, description="At the end of training, write the final policy as a Hugging Face model "
+                         "directory (safetensors, config, tokenizer, generation config) to RUN_DIR/hf (LLM algorithms).")
 
 
 class RayConfig(BaseModel):
@@ -106,6 +110,8 @@ class ExperimentConfig(BaseModel):
     task: Annotated[SerializeAsAny[Spec], TASK] = Field(
         default_factory=TASK.make_default, description="Prompt task: `name` selects it (default digit_add), the rest "
         "are its options.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Handling of malformed dataset rows (prompts "
+                             "and offline records).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout workers.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward workers.")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner group.")
@@ -128,6 +134,7 @@ class ExperimentConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
         self.algorithm.check(self)
+        check_data(self)
         if self.learner.strategy == "single" and self.learner.num_workers != 1:
             raise ConfigError(f"learner.strategy 'single' runs one rank; learner.num_workers is {self.learner.num_workers} "
                               "(use 'fsdp2' or 'ddp' for more)")

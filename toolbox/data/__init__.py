@@ -1,1 +1,3 @@
 """Prompt sources and built-in verifiable tasks."""
+
+from toolbox.data import dataset_task as _dataset_task  # noqa: E402, F401 - registers the `dataset` task

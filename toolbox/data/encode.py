@@ -67,16 +67,28 @@ def encode_pair(prompt: str, response: str, tokenizer: Any, use_chat_template: b
     """One prompt and its response; the response (and what closes it) is the target."""
     if uses_template(tokenizer, use_chat_template):
         return encode_messages([{"role": "user", "content": prompt}, {"role": "assistant", "content": response}], tokenizer)
-    prompt_ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    prompt_ids = render_prompt(prompt, tokenizer, use_chat_template=False)
     response_ids = list(tokenizer(response, add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
     return Example(prompt_ids + response_ids, [0] * len(prompt_ids) + [1] * len(response_ids))
+
+
+def render_prompt(prompt: str, tokenizer: Any, use_chat_template: bool, system_prompt: str = "") -> list[int]:
+    """A generation prompt's ids: the chat template with its generation prompt when used, else the plain text.
+
+    The one place a prompt becomes ids, for online prompts and offline records alike, so a model trained
+    on ``prompt``/``response`` records continues the same prompts the same way.
+    """
+    if uses_template(tokenizer, use_chat_template):
+        system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        return _render(tokenizer, [*system, {"role": "user", "content": prompt}], generation_prompt=True)
+    text = f"{system_prompt}\n{prompt}" if system_prompt else prompt
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
 
 def encode_sft(record: dict[str, Any], tokenizer: Any, max_length: int, use_chat_template: bool = True) -> Example:
     """An SFT record (``prompt``/``response`` or ``messages``), cut to ``max_length`` tokens."""
     if "messages" in record:
-        if not uses_template(tokenizer, use_chat_template):
-            raise ValueError("a 'messages' record needs a tokenizer with a chat template (and use_chat_template: true)")
+        _need_template(tokenizer, use_chat_template)
         example = encode_messages(record["messages"], tokenizer)
     else:
         example = encode_pair(record["prompt"], record["response"], tokenizer, use_chat_template)
@@ -85,7 +97,21 @@ def encode_sft(record: dict[str, Any], tokenizer: Any, max_length: int, use_chat
 
 def encode_preference(record: dict[str, Any], tokenizer: Any, max_length: int,
                       use_chat_template: bool = True) -> tuple[Example, Example]:
-    """A preference record as (chosen, rejected) sequences sharing the prompt, each cut to ``max_length``."""
-    chosen = encode_pair(record["prompt"], record["chosen"], tokenizer, use_chat_template)
-    rejected = encode_pair(record["prompt"], record["rejected"], tokenizer, use_chat_template)
-    return chosen.cut(max_length), rejected.cut(max_length)
+    """A preference record as (chosen, rejected) sequences sharing the prompt, each cut to ``max_length``.
+
+    A record with ``messages`` (the conversation before the answer) needs a chat template.
+    """
+    if "messages" not in record:
+        chosen = encode_pair(record["prompt"], record["chosen"], tokenizer, use_chat_template)
+        rejected = encode_pair(record["prompt"], record["rejected"], tokenizer, use_chat_template)
+        return chosen.cut(max_length), rejected.cut(max_length)
+    _need_template(tokenizer, use_chat_template)
+    before: Messages = record["messages"]
+    pair = [encode_messages([*before, {"role": "assistant", "content": record[key]}], tokenizer)
+            for key in ("chosen", "rejected")]
+    return pair[0].cut(max_length), pair[1].cut(max_length)
+
+
+def _need_template(tokenizer: Any, use_chat_template: bool) -> None:
+    if not uses_template(tokenizer, use_chat_template):
+        raise ValueError("a 'messages' record needs a tokenizer with a chat template (and use_chat_template: true)")

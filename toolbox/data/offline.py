@@ -1,26 +1,35 @@
-"""Offline datasets (SFT and preference records): local JSONL files or records generated from a built-in task.
+"""Offline datasets (SFT and preference records): any source `toolbox.data.rows` reads, or records generated from a task.
 
-A record is a plain dict: SFT records hold ``prompt`` + ``response`` strings or a
-``messages`` list of ``{role, content}``; preference records hold ``prompt``,
-``chosen`` and ``rejected`` strings. `RecordSource.step` picks a step's records
-deterministically from ``(seed, step)``, so every learner rank builds the same global
-batch on its own and a resumed run sees the same data; the driver never holds it.
+A record is normalised to one of a few plain dict shapes, whatever format the source used:
+
+- SFT: ``{"prompt", "response"}`` strings (from ``prompt``/``response`` or ``prompt``/``completion``), or
+  ``{"messages": [{role, content}, ...]}`` (from ``messages``, or ``prompt``/``completion`` given as
+  message lists);
+- preference: ``{"prompt", "chosen", "rejected"}`` strings, or ``{"messages", "chosen", "rejected"}``
+  where ``messages`` is the shared conversation before the answer (from ``chosen``/``rejected`` given
+  as message lists, with or without a ``prompt``).
+
+`RecordSource.step` picks a step's records deterministically from ``(seed, step)``, so every learner
+rank builds the same global batch on its own and a resumed run sees the same data; the driver never
+holds it. Malformed rows follow ``data.on_bad_row`` (see `toolbox.data.rows.screen`).
 """
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from toolbox.core.errors import ConfigError
+from toolbox.data.order import EpochOrder
+from toolbox.data.rows import DataConfig, RowError, is_local, read_rows, screen, text_field
 from toolbox.data.tasks import Problem, Task
 
 Kind = Literal["sft", "preference"]
 Record = dict[str, Any]
+Messages = list[dict[str, str]]
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -28,27 +37,43 @@ class OfflineDataConfig(BaseModel):
     """Where an offline trainer's examples come from and how they are batched and cut."""
 
     model_config = ConfigDict(extra="forbid")
-    dataset: str = Field("", description="Local JSONL file of training records; empty: generate them from the experiment's task.")
-    eval_dataset: str = Field("", description="Local JSONL file of held-out records; empty: held-out task samples (none for a file dataset).")
+    dataset: str = Field("", description="Training records: a .jsonl/.json/.parquet/.csv file, a save_to_disk "
+                         "directory or a hub id (split 'train'); empty: generate them from the experiment's task.")
+    eval_dataset: str = Field("", description="Held-out records, from the same kinds of source; empty: held-out task "
+                              "samples (none for a dataset).")
     eval_samples: int = Field(64, ge=1, description="Held-out records per evaluation.")
     batch_size: int = Field(32, ge=1, description="Records per optimizer step, over all learner ranks (the global batch).")
     max_length: int = Field(64, ge=4, description="Longest tokenised sequence (longer ones are cut at the end); also the packed row length.")
     use_chat_template: bool = Field(True, description="Render prompts with the tokenizer's chat template when it has one.")
     record_kind: ClassVar[Kind] = "sft"
+    # Set from the experiment's `data` section when the whole config is checked (see `check_offline_data`);
+    # private, so it travels with this section to the learner ranks without being a field of it.
+    _data: DataConfig = PrivateAttr(default_factory=DataConfig)
 
     @model_validator(mode="after")
-    def _check_files(self) -> OfflineDataConfig:
-        """Read every dataset file now, so a bad row fails before any actor starts; paths become absolute."""
+    def _resolve_paths(self) -> OfflineDataConfig:
+        """Local paths become absolute (ranks may run elsewhere); rows are checked with the whole config."""
+        for field in ("dataset", "eval_dataset"):
+            value = getattr(self, field)
+            if value and is_local(value):
+                setattr(self, field, str(Path(value).expanduser().resolve()))
+        return self
+
+    @property
+    def data(self) -> DataConfig:
+        """The experiment's `data` section (bad-row policy), as the config check handed it over."""
+        return self._data
+
+    def check_rows(self, data: DataConfig) -> None:
+        """Read every dataset now with ``data``'s policy, so a bad row fails before any actor starts."""
+        self._data = data
         for field in ("dataset", "eval_dataset"):
             value = getattr(self, field)
             if value:
-                path = Path(value).expanduser().resolve()
                 try:
-                    load_jsonl(path, self.record_kind)
+                    load_records(value, self.record_kind, data.on_bad_row)
                 except ConfigError as err:
                     raise ConfigError(f"algorithm.{field}: {err}") from None
-                setattr(self, field, str(path))
-        return self
 
     def check_batch(self, num_workers: int, micro_batch_size: int, unit: str, strict_micro: bool = True) -> None:
         """Batch arithmetic, checked before any actor starts."""
@@ -61,57 +86,77 @@ class OfflineDataConfig(BaseModel):
                               f"multiple of learner.micro_batch_size={micro_batch_size}")
 
 
-def _fail(path: Path, row: int, what: str) -> None:
-    raise ConfigError(f"{path}:{row}: {what}")
-
-
-def _check_text(path: Path, row: int, rec: Record, keys: tuple[str, ...]) -> None:
-    for key in keys:
-        if not isinstance(rec.get(key), str):
-            _fail(path, row, f"field {key!r} must be a string, got {type(rec.get(key)).__name__} (fields: {sorted(rec)})")
-
-
-def _check_messages(path: Path, row: int, messages: Any) -> None:
-    if not isinstance(messages, list) or not messages:
-        _fail(path, row, "field 'messages' must be a non-empty list of {role, content}")
-    for i, m in enumerate(messages):
+def messages_field(value: Any, key: str) -> Messages:
+    """A non-empty list of ``{role, content}`` (extra keys dropped), or a `RowError` naming the bad turn."""
+    if not isinstance(value, list) or not value:
+        raise RowError(f"field {key!r} must be a non-empty list of {{role, content}}")
+    out = []
+    for i, m in enumerate(value):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            _fail(path, row, f"messages[{i}] must be {{role: one of {list(ROLES)}, content: string}}, got {m!r}")
-    if not any(m["role"] == "assistant" for m in messages):
-        _fail(path, row, "messages has no 'assistant' turn, so nothing to learn")
+            raise RowError(f"{key}[{i}] must be {{role: one of {list(ROLES)}, content: string}}, got {m!r}")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
 
 
-def check_record(path: Path, row: int, rec: Any, kind: Kind) -> Record:
-    """Validate one record's fields; errors name ``file:row``."""
-    if not isinstance(rec, dict):
-        _fail(path, row, f"a record must be a JSON object, got {type(rec).__name__}")
-    if kind == "preference":
-        _check_text(path, row, rec, ("prompt", "chosen", "rejected"))
-    elif "messages" in rec:
-        _check_messages(path, row, rec["messages"])
+def _as_messages(value: Any, key: str, role: str) -> Messages:
+    """A string field as one turn of ``role``, or a message-list field as it is."""
+    if isinstance(value, str):
+        return [{"role": role, "content": text_field({key: value}, key)}]
+    return messages_field(value, key)
+
+
+def _sft_record(row: Any) -> Record:
+    text_or_list = isinstance(row, dict) and any(isinstance(row.get(k), list) for k in ("prompt", "completion"))
+    if isinstance(row, dict) and "messages" in row:
+        messages = messages_field(row["messages"], "messages")
+    elif text_or_list:
+        messages = _as_messages(row.get("prompt"), "prompt", "user") + _as_messages(row.get("completion"), "completion",
+                                                                                     "assistant")
     else:
-        _check_text(path, row, rec, ("prompt", "response"))
-    return rec
+        answer = "completion" if isinstance(row, dict) and "completion" in row else "response"
+        return {"prompt": text_field(row, "prompt"), "response": text_field(row, answer)}
+    if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
+        raise RowError("messages has no 'assistant' turn with content, so nothing to learn")
+    return {"messages": messages}
+
+
+def _split_answer(messages: Messages, key: str) -> tuple[Messages, str]:
+    """(the turns before, the content of the final assistant turn) of a conversation."""
+    if messages[-1]["role"] != "assistant" or not messages[-1]["content"].strip():
+        raise RowError(f"{key} must end with a non-empty 'assistant' turn")
+    return messages[:-1], messages[-1]["content"]
+
+
+def _preference_record(row: Any) -> Record:
+    if not isinstance(row, dict) or not any(isinstance(row.get(k), list) for k in ("prompt", "chosen", "rejected")):
+        return {key: text_field(row, key) for key in ("prompt", "chosen", "rejected")}
+    prompt = _as_messages(row["prompt"], "prompt", "user") if "prompt" in row else []
+    chosen_before, chosen = _split_answer(prompt + _as_messages(row.get("chosen"), "chosen", "assistant"), "chosen")
+    rejected_before, rejected = _split_answer(prompt + _as_messages(row.get("rejected"), "rejected", "assistant"),
+                                              "rejected")
+    if chosen_before != rejected_before:
+        raise RowError("chosen and rejected must share the conversation before their final answer")
+    if not chosen_before:
+        raise RowError("no prompt: give 'prompt', or chosen/rejected conversations that start with it")
+    return {"messages": chosen_before, "chosen": chosen, "rejected": rejected}
+
+
+def normalize_record(row: Any, kind: Kind) -> Record:
+    """One row of any supported format as a normalised record (see the module docstring), or a `RowError`."""
+    if "messages" in (row if isinstance(row, dict) else {}) and kind == "preference":
+        raise RowError("a preference record needs 'chosen' and 'rejected', not 'messages'")
+    return _preference_record(row) if kind == "preference" else _sft_record(row)
+
+
+def load_records(path: str | Path, kind: Kind, on_bad_row: str = "error") -> list[Record]:
+    """Every record of ``path`` (split 'train'), normalised and checked; bad rows named ``file:row`` follow ``on_bad_row``."""
+    source = str(path)
+    return screen(read_rows(source), lambda row: normalize_record(row, kind), source, on_bad_row)
 
 
 def load_jsonl(path: str | Path, kind: Kind) -> list[Record]:
-    """Every record of a JSONL file (blank lines skipped), validated; errors name ``file:row`` (1-based line)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: dataset file not found")
-    out = []
-    with path.open(encoding="utf-8") as f:
-        for row, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(f"{path}:{row}: not valid JSON: {err.msg} (column {err.colno})") from None
-            out.append(check_record(path, row, rec, kind))
-    if not out:
-        raise ConfigError(f"{path}: no records")
-    return out
+    """`load_records` with bad rows an error (the name of the JSONL-only days; any source works)."""
+    return load_records(path, kind)
 
 
 def wrong_answer(problem: Problem, rng: random.Random, alphabet: str) -> str:
@@ -133,22 +178,24 @@ def task_record(problem: Problem, kind: Kind, rng: random.Random, alphabet: str)
 
 
 class RecordSource:
-    """A step's records, from a file (epoch-shuffled) or generated from a task; deterministic per (seed, step)."""
+    """A step's records, from a dataset (epoch-shuffled) or generated from a task; deterministic per (seed, step)."""
 
     def __init__(self, kind: Kind, seed: int, task: Task | None = None, records: list[Record] | None = None) -> None:
         if (task is None) == (records is None):
             raise ValueError("RecordSource needs exactly one of task= or records=")
         self.kind, self.seed, self.task, self.records = kind, seed, task, records
-        self._orders: dict[int, list[int]] = {}
+        self._order = EpochOrder(len(records), seed) if records else None
 
     @classmethod
     def train(cls, cfg: OfflineDataConfig, kind: Kind, seed: int, task: Task) -> RecordSource:
-        return cls(kind, seed, records=load_jsonl(cfg.dataset, kind)) if cfg.dataset else cls(kind, seed, task=task)
+        if cfg.dataset:
+            return cls(kind, seed, records=load_records(cfg.dataset, kind, cfg.data.on_bad_row))
+        return cls(kind, seed, task=task)
 
     @classmethod
     def held_out(cls, cfg: OfflineDataConfig, kind: Kind, seed: int, task: Task) -> RecordSource | None:
         if cfg.eval_dataset:
-            return cls(kind, seed, records=load_jsonl(cfg.eval_dataset, kind))
+            return cls(kind, seed, records=load_records(cfg.eval_dataset, kind, cfg.data.on_bad_row))
         return None if cfg.dataset else cls(kind, seed + 7919, task=task)
 
     def step(self, step: int, n: int) -> list[Record]:
@@ -156,7 +203,7 @@ class RecordSource:
         return self._generate(f"{self.seed}/{self.kind}/{step}", n) if self.task else self._take(step * n, n)
 
     def first(self, n: int) -> list[Record]:
-        """A fixed set of ``n`` records (evaluation): the file's first ``n``, or ``n`` generated ones."""
+        """A fixed set of ``n`` records (evaluation): the dataset's first ``n``, or ``n`` generated ones."""
         return self._generate(f"{self.seed}/{self.kind}/eval", n) if self.task else (self.records or [])[:n]
 
     def _generate(self, key: str, n: int) -> list[Record]:
@@ -166,15 +213,5 @@ class RecordSource:
         return [task_record(p, self.kind, rng, alphabet) for p in self.task.sample(n, rng)]
 
     def _take(self, start: int, n: int) -> list[Record]:
-        assert self.records is not None
-        size = len(self.records)
-        return [self.records[self._order(i // size)[i % size]] for i in range(start, start + n)]
-
-    def _order(self, epoch: int) -> list[int]:
-        if epoch not in self._orders:
-            order = list(range(len(self.records or [])))
-            random.Random(f"{self.seed}/epoch/{epoch}").shuffle(order)
-            # A step spans at most two epochs: older orders are never needed again.
-            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-            self._orders[epoch] = order
-        return self._orders[epoch]
+        assert self.records is not None and self._order is not None
+        return [self.records[i] for i in self._order.indices(start, n)]

@@ -16,7 +16,12 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from toolbox.core.seeding import rng_state, set_rng_state
 from toolbox.learner.strategy import is_distributed, unwrap
@@ -57,3 +62,17 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     extra = torch.load(extra_file, weights_only=False)
     set_rng_state(extra.pop("rng"))
     return extra
+
+
+def load_model_weights(path: Path, model: nn.Module) -> None:
+    """Only the model part of a checkpoint, into a plain (unwrapped) ``model`` on one process without a process group.
+
+    DCP reshards on load, so a checkpoint written by any number of ranks (FSDP2 shards, DDP
+    replicas) loads here; the optimizer state in it is not read.
+    """
+    if not (path / ".metadata").exists():
+        raise FileNotFoundError(f"no checkpoint at {path} (missing .metadata); pass a run directory or a step_* directory")
+    model_sd = get_model_state_dict(model)
+    with _quiet_single_process():
+        dcp.load({"model": model_sd}, checkpoint_id=str(path))
+    set_model_state_dict(model, model_sd)

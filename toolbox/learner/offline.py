@@ -34,7 +34,7 @@ class OfflineLearner:
         self.policy = PolicyRank.pretrained(model_path, dtype, cfg, total_steps, frozen_reference=frozen_reference)
         self.rank, self.world = rank(), world()
         self.tokenizer = load_tokenizer(model_path)
-        built = TASKS.build(task)
+        built = TASKS.build(task, inject={"data": algo.data})
         self.train_data = RecordSource.train(algo, self.kind, seed, built)
         self.eval_data = RecordSource.held_out(algo, self.kind, seed, built)
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from toolbox.learner.collective import rank
 from toolbox.learner.config import LearnerConfig, OptimConfig
+from toolbox.learner.hf_export import export_state
 from toolbox.learner.optim import TrainedModel
 from toolbox.learner.strategy import full_state_dict, wrap
 from toolbox.models.loading import load_causal_lm
@@ -31,6 +32,8 @@ class PolicyRank:
         self.ref = reference
         self.companions: dict[str, TrainedModel] = {}
         self.step = 0
+        # Where the policy came from (set by `pretrained`): the base of a Hugging Face export.
+        self.source, self.source_dtype = "", "float32"
 
     @classmethod
     def pretrained(cls, model_path: str, dtype: str, cfg: LearnerConfig, optimizer_steps: int,
@@ -41,7 +44,9 @@ class PolicyRank:
         ref = None
         if frozen_reference:
             ref = wrap(load_causal_lm(model_path, dtype).eval().requires_grad_(False), cfg.strategy)
-        return cls(model, cfg, optimizer_steps, ref)
+        policy = cls(model, cfg, optimizer_steps, ref)
+        policy.source, policy.source_dtype = model_path, dtype
+        return policy
 
     @property
     def model(self) -> nn.Module:
@@ -73,6 +78,16 @@ class PolicyRank:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The unsharded policy weights (on rank 0; empty elsewhere under a process group)."""
         return full_state_dict(self.model)
+
+    def export_hf(self, path: str | Path) -> str:
+        """The policy as a Hugging Face model directory at ``path``, written by rank 0 (the others join the gather)."""
+        if not self.source:
+            raise RuntimeError("export_hf: this policy was not loaded with PolicyRank.pretrained, so there is no base "
+                               "model to take its config and tokenizer from")
+        state = self.full_state_dict()
+        if rank() == 0:
+            export_state(state, self.source, self.source_dtype, path)
+        return str(path)
 
     def save(self, path: str | Path) -> Path:
         """The policy (with step and schedule) into ``path``, each attached model into ``path/name``."""

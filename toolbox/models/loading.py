@@ -45,12 +45,29 @@ class ModelConfig(BaseModel):
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):  # noqa: ANN201 - transformers type
     """``AutoTokenizer.from_pretrained(path)`` with a pad token guaranteed."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if _declares_generic_tokenizer(path):
+        # transformers 5 replaces a generic tokenizer by the model type's own class (a qwen2 directory gets
+        # Qwen2Tokenizer), whose pre-tokenizer drops the spaces of a char-level vocabulary: load what it declares.
+        tok = PreTrainedTokenizerFast.from_pretrained(path)
+    else:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def _declares_generic_tokenizer(path: str) -> bool:
+    """Whether a local model directory's tokenizer_config.json names the generic tokenizers-backed class."""
+    import json
+    from pathlib import Path
+
+    config = Path(path) / "tokenizer_config.json"
+    if not config.is_file():
+        return False
+    declared = json.loads(config.read_text()).get("tokenizer_class", "")
+    return declared in {"TokenizersBackend", "PreTrainedTokenizerFast"}
 
 
 def load_causal_lm(path: str, dtype: str = "float32", trust_remote_code: bool = False):  # noqa: ANN201

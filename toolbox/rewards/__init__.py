@@ -4,4 +4,4 @@ from toolbox.rewards.base import REWARDS, Reward, RewardResult, RewardSample, Re
 
 __all__ = ["REWARDS", "Reward", "RewardResult", "RewardSample", "RewardStatus"]
 
-from toolbox.rewards import verifiable  # noqa: E402,F401  (registers built-in rewards)
+from toolbox.rewards import math_answer, structure, verifiable  # noqa: E402,F401  (registers built-in rewards)

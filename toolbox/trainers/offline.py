@@ -38,6 +38,11 @@ class OfflineTrainer(BaseTrainer):
     def save(self, step: int) -> str:
         return self.learner.save(str(self.run_dir / "checkpoints" / f"step_{step}"))
 
+    def finish(self) -> None:
+        """With ``trainer.export``: the final policy as a Hugging Face model directory, RUN_DIR/hf."""
+        if self.cfg.export:
+            self.learner.export_hf(str(self.run_dir / "hf"))
+
     def summarize(self, wall_s: float) -> dict[str, Any]:
         summary = super().summarize(wall_s)
         for name in self.summary_metrics:

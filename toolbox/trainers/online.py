@@ -100,6 +100,11 @@ class OnlineTrainer(BaseTrainer):
     def save(self, step: int) -> str:
         return self.learner.save(str(self.run_dir / "checkpoints" / f"step_{step}"))
 
+    def finish(self) -> None:
+        """With ``trainer.export``: the final policy as a Hugging Face model directory, RUN_DIR/hf."""
+        if self.cfg.export:
+            self.learner.export_hf(str(self.run_dir / "hf"))
+
 
 def _informative(rewards: Pending[RewardResult], shards: list[list[PromptRequest]]) -> dict[int, bool]:
     """Per group of this round: whether its rewards differ (fetches the round's small reward results)."""

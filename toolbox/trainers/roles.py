@@ -50,6 +50,10 @@ class CheckpointRole(Role, Protocol):
 
     def export_weights(self) -> Pending[WeightRefs]: ...
 
+    def export_hf(self, path: str) -> str:
+        """The policy as a Hugging Face model directory at ``path`` (``from_pretrained`` loads it); returns it."""
+        ...
+
 
 class PolicyLearnerRole(CheckpointRole, Protocol):
     """Learners of online policy algorithms (GRPO, PPO, online DPO)."""

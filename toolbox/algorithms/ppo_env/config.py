@@ -52,6 +52,9 @@ class PPOEnvConfig(AlgorithmConfig):
         lr = exp.learner
         if lr.strategy not in {"single", "ddp"}:
             raise ConfigError(f"learner.strategy: ppo_env trains a small MLP; use 'single' or 'ddp', not {lr.strategy!r}")
+        if exp.trainer.export:
+            raise ConfigError("trainer.export: ppo_env trains a small MLP policy, not a causal LM, so there is no Hugging "
+                              "Face model to write; its weights are in the checkpoints under RUN_DIR/checkpoints")
         if self.target_return is not None and self.target_metric == "eval_return" and not exp.trainer.eval_every:
             raise ConfigError("algorithm.target_return is set but trainer.eval_every is 0: the run would never evaluate "
                               "and so never stop at the target; set trainer.eval_every (e.g. 2)")

@@ -1,0 +1,98 @@
+"""``python -m toolbox.export RUN_DIR[/checkpoints/step_N] OUT_DIR``: a checkpoint as a Hugging Face model directory.
+
+Runs in this process, without Ray: ``torch.distributed.checkpoint`` reads the sharded
+checkpoint, whatever number of learner ranks wrote it, into one plain copy of the base
+model, which is then saved with ``save_pretrained`` beside the base model's tokenizer. The
+run directory's ``config.yaml`` says which base model that is (a tiny model is rebuilt
+from its config, deterministically). A run directory exports its latest checkpoint.
+Only LLM policies have a Hugging Face form; a ``ppo_env`` run is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.markup import escape
+
+from toolbox.callbacks.console import stderr_console
+from toolbox.core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ExportSource:
+    """A checkpoint to export and the run it belongs to."""
+
+    run_dir: Path
+    checkpoint: Path
+
+
+def find_source(target: str | Path) -> ExportSource:
+    """A run directory (its latest ``checkpoints/step_N``) or a ``step_N`` directory inside one."""
+    from toolbox.experiment import find_resume
+
+    path = Path(target).resolve()
+    if (path / ".metadata").exists():
+        run_dir = path.parent.parent
+    elif (path / "checkpoints").is_dir():
+        run_dir, path = path, Path(find_resume(str(path)))
+        if not (path / ".metadata").exists():
+            raise ConfigError(f"{target}: the run has no checkpoint yet (no checkpoints/step_N with .metadata)")
+    else:
+        raise ConfigError(f"{target}: neither a run directory (with checkpoints/) nor a checkpoint "
+                          "(a checkpoints/step_N directory with .metadata)")
+    if not (run_dir / "config.yaml").exists():
+        raise ConfigError(f"{path}: no config.yaml in its run directory {run_dir}, so the base model is unknown")
+    return ExportSource(run_dir, path)
+
+
+def export_checkpoint(target: str | Path | ExportSource, out: str | Path) -> Path:
+    """Write the policy of checkpoint ``target`` (see `find_source`) to ``out`` as a Hugging Face directory."""
+    from toolbox.config import load_config
+    from toolbox.experiment import resolve_model_path
+    from toolbox.learner.checkpoint import load_model_weights
+    from toolbox.learner.hf_export import base_model, write_hf_dir
+
+    source = target if isinstance(target, ExportSource) else find_source(target)
+    cfg = load_config([f"experiment={source.run_dir / 'config.yaml'}"])
+    if "env" in cfg.algorithm.roles:
+        raise ConfigError(f"{source.run_dir}: algorithm {cfg.algorithm.name!r} trains an environment policy, not a "
+                          "causal LM; there is no Hugging Face model to export")
+    base = resolve_model_path(cfg, source.run_dir.parent)  # where the run itself resolved it (run_root)
+    model = base_model(base, cfg.model.dtype, cfg.model.trust_remote_code)
+    load_model_weights(source.checkpoint, model)
+    return write_hf_dir(model, base, out, cfg.model.trust_remote_code)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m toolbox.export", description=__doc__.splitlines()[0])
+    parser.add_argument("source", help="a run directory (its latest checkpoint) or RUN_DIR/checkpoints/step_N")
+    parser.add_argument("out", help="the Hugging Face model directory to write")
+    parser.add_argument("--force", action="store_true", help="overwrite a model already in OUT")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 written, 2 bad arguments, source or destination."""
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as stop:  # --help, or a usage error argparse has printed
+        return stop.code if isinstance(stop.code, int) else 2
+    console = stderr_console()
+    out = Path(args.out)
+    try:
+        if (out / "config.json").exists() and not args.force:
+            raise ConfigError(f"{out}: already holds a model (config.json); pass --force to overwrite it")
+        source = find_source(args.source)
+        written = export_checkpoint(source, out)
+    except (ConfigError, FileNotFoundError, ValueError) as err:
+        console.print(f"[bold red]export error[/]: {escape(str(err))}")
+        return 2
+    console.print(f"exported {escape(str(source.checkpoint))} -> [bold]{escape(str(written))}[/]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
