@@ -54,7 +54,7 @@ def test_two_fsdp2_ranks_update_like_one(ray_session: None, tiny_model_dir: Path
         reward_refs = [ray.put(rewards.select(torch.arange(i * 16, (i + 1) * 16))) for i in range(2)]
         plan = group.call("plan", [(shard_refs, reward_refs, None)], ranks=[0])[0]
         assert [plan.shards_for(r) for r in range(2)] == [[0], [1]]  # each rank fetches only its own shard
-        per_rank = group.call("update", [(plan, shard_refs)] * 2)
+        per_rank = group.call("update_planned", [(plan, shard_refs)] * 2)
         two = group.call("full_state_dict")[0]
     finally:
         group.shutdown()

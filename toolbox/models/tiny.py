@@ -63,6 +63,7 @@ def ensure_tiny_model(path: str | os.PathLike[str], cfg: TinyModelConfig, alphab
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = build_char_tokenizer(cfg.alphabet or alphabet)
+    tokenizer.model_max_length = cfg.max_positions  # stated, so a prompt longer than the model is a bad row
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
         model = AutoModelForCausalLM.from_config(_model_config(cfg, tokenizer))
