@@ -23,6 +23,7 @@ from toolbox.core.events import EventBus
 from toolbox.export import export_checkpoint, find_source, main
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.policy import PolicyRank
+from toolbox.models.loading import load_tokenizer
 from toolbox.trainers.offline import OfflineTrainer
 
 IDS = torch.tensor([[1, 5, 6, 7, 8, 9, 4], [2, 3, 3, 10, 11, 12, 13]])
@@ -59,6 +60,10 @@ def test_export_hf_writes_a_directory_with_the_learners_logits(tiny_model_dir: P
     torch.testing.assert_close(logits(exported), logits(policy.model), atol=1e-5, rtol=0)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     assert not torch.allclose(logits(base), logits(policy.model), atol=1e-3), "the test policy did not move"
+    # The exported tokenizer is the run's own class (a char-level vocabulary must not turn into Qwen2's, which
+    # drops spaces), with the same ids.
+    mine, run = load_tokenizer(str(tmp_path / "hf")), load_tokenizer(str(tiny_model_dir))
+    assert type(mine) is type(run) and mine("1+2=")["input_ids"] == run("1+2=")["input_ids"]
 
 
 def fake_run(tiny_model_dir: Path, run_dir: Path, *overrides: str) -> PolicyRank:

@@ -12,6 +12,7 @@ from toolbox.algorithms.sft.config import SFTConfig
 from toolbox.algorithms.sft.learner import SFTLearner
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
+from toolbox.data.rows import DataConfig
 from toolbox.experiment import ExperimentBuilder
 from toolbox.learner.config import LearnerConfig, OptimConfig
 
@@ -111,3 +112,18 @@ def test_trains_from_a_jsonl_file(tmp_path: Path) -> None:
     history = run_recipe(tmp_path, "experiment=sft_tiny", f"algorithm.dataset={data}", "trainer.total_steps=3",
                          "algorithm.batch_size=8")
     assert len(history) == 3 and all(m["documents"] == 8 for m in history)
+
+
+def test_a_prompt_that_fills_max_length_is_a_bad_row(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Cutting it would leave no answer token: not silently learned from, but named by file:row (or skipped)."""
+    data = tmp_path / "train.jsonl"
+    long_prompt = "1+" * 10 + "1="
+    data.write_text('{"prompt": "1+1=", "response": "2"}\n' + f'{{"prompt": "{long_prompt}", "response": "11"}}\n')
+    with pytest.raises(ConfigError, match=rf"{data}:2: the prompt is \d+ tokens, so nothing of the answer fits in "
+                                          r"max_length=16"):
+        make_learner(tiny_model_dir, dataset=str(data))
+    algo = SFTConfig(batch_size=8, max_length=16, dataset=str(data))
+    algo.check_rows(DataConfig(on_bad_row="skip"))  # what the experiment's `data` section hands over
+    cfg = LearnerConfig(num_workers=1, strategy="single", micro_batch_size=8)
+    learner = SFTLearner(str(tiny_model_dir), "float32", cfg, algo, total_steps=1, task={"name": "digit_add"}, seed=0)
+    assert learner.train_data.records == [{"prompt": "1+1=", "response": "2"}]

@@ -115,3 +115,20 @@ def encode_preference(record: dict[str, Any], tokenizer: Any, max_length: int,
 def _need_template(tokenizer: Any, use_chat_template: bool) -> None:
     if not uses_template(tokenizer, use_chat_template):
         raise ValueError("a 'messages' record needs a tokenizer with a chat template (and use_chat_template: true)")
+
+
+def check_fits(record: dict[str, Any], kind: str, tokenizer: Any, max_length: int, use_chat_template: bool = True) -> None:
+    """Raise `RowError` when a record's prompt alone fills ``max_length`` tokens: cutting it would leave no
+    target token, so it would teach nothing (an SFT response, or a DPO chosen/rejected answer, lost silently)."""
+    from toolbox.data.rows import RowError
+
+    unlimited = 1 << 30
+    if kind == "sft":
+        examples = [encode_sft(record, tokenizer, unlimited, use_chat_template)]
+    else:
+        examples = list(encode_preference(record, tokenizer, unlimited, use_chat_template))
+    for example in examples:
+        if not any(example.loss_mask[:max_length]):
+            first = example.loss_mask.index(1) if 1 in example.loss_mask else len(example)
+            raise RowError(f"the prompt is {first} tokens, so nothing of the answer fits in max_length={max_length} "
+                           "(raise algorithm.max_length or shorten the prompt)")

@@ -17,6 +17,7 @@ holds it. Malformed rows follow ``data.on_bad_row`` (see `toolbox.data.rows.scre
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -148,10 +149,22 @@ def normalize_record(row: Any, kind: Kind) -> Record:
     return _preference_record(row) if kind == "preference" else _sft_record(row)
 
 
-def load_records(path: str | Path, kind: Kind, on_bad_row: str = "error") -> list[Record]:
-    """Every record of ``path`` (split 'train'), normalised and checked; bad rows named ``file:row`` follow ``on_bad_row``."""
+def load_records(path: str | Path, kind: Kind, on_bad_row: str = "error",
+                 fits: Callable[[Record], None] | None = None) -> list[Record]:
+    """Every record of ``path`` (split 'train'), normalised and checked; bad rows named ``file:row`` follow ``on_bad_row``.
+
+    ``fits`` (given where a tokenizer is at hand: the learner ranks) raises `RowError` for a record that
+    does not fit the model, e.g. whose prompt alone fills ``max_length`` and so leaves nothing to learn.
+    """
     source = str(path)
-    return screen(read_rows(source), lambda row: normalize_record(row, kind), source, on_bad_row)
+
+    def check(row: Any) -> Record:
+        record = normalize_record(row, kind)
+        if fits is not None:
+            fits(record)
+        return record
+
+    return screen(read_rows(source), check, source, on_bad_row)
 
 
 def load_jsonl(path: str | Path, kind: Kind) -> list[Record]:
@@ -187,15 +200,17 @@ class RecordSource:
         self._order = EpochOrder(len(records), seed) if records else None
 
     @classmethod
-    def train(cls, cfg: OfflineDataConfig, kind: Kind, seed: int, task: Task) -> RecordSource:
+    def train(cls, cfg: OfflineDataConfig, kind: Kind, seed: int, task: Task,
+              fits: Callable[[Record], None] | None = None) -> RecordSource:
         if cfg.dataset:
-            return cls(kind, seed, records=load_records(cfg.dataset, kind, cfg.data.on_bad_row))
+            return cls(kind, seed, records=load_records(cfg.dataset, kind, cfg.data.on_bad_row, fits))
         return cls(kind, seed, task=task)
 
     @classmethod
-    def held_out(cls, cfg: OfflineDataConfig, kind: Kind, seed: int, task: Task) -> RecordSource | None:
+    def held_out(cls, cfg: OfflineDataConfig, kind: Kind, seed: int, task: Task,
+                 fits: Callable[[Record], None] | None = None) -> RecordSource | None:
         if cfg.eval_dataset:
-            return cls(kind, seed, records=load_records(cfg.eval_dataset, kind, cfg.data.on_bad_row))
+            return cls(kind, seed, records=load_records(cfg.eval_dataset, kind, cfg.data.on_bad_row, fits))
         return None if cfg.dataset else cls(kind, seed + 7919, task=task)
 
     def step(self, step: int, n: int) -> list[Record]:

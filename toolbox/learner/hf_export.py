@@ -33,12 +33,13 @@ def load_full_state(model: Any, state: dict[str, torch.Tensor], where: str) -> N
 
 def write_hf_dir(model: Any, source: str, out: str | Path, trust_remote_code: bool = False) -> Path:
     """``save_pretrained`` the model (safetensors, config, generation config) and the base model's tokenizer."""
-    from transformers import AutoTokenizer
+    from toolbox.models.loading import load_tokenizer
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)  # generation_config.json too, for a model that can generate
-    AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code).save_pretrained(out)
+    # The tokenizer the run used (load_tokenizer keeps a char-level tokenizer's own class), saved as it is.
+    load_tokenizer(source, trust_remote_code).save_pretrained(out)
     return out
 
 

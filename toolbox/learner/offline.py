@@ -10,10 +10,12 @@ The model, reference, optimizer and checkpoints are the rank's `PolicyRank` (``s
 from __future__ import annotations
 
 from abc import abstractmethod
+from functools import partial
 from typing import Any
 
 import torch
 
+from toolbox.data.encode import check_fits
 from toolbox.data.offline import Kind, OfflineDataConfig, Record, RecordSource
 from toolbox.data.tasks import TASKS
 from toolbox.learner.collective import rank, world
@@ -35,8 +37,11 @@ class OfflineLearner:
         self.rank, self.world = rank(), world()
         self.tokenizer = load_tokenizer(model_path)
         built = TASKS.build(task, inject={"data": algo.data})
-        self.train_data = RecordSource.train(algo, self.kind, seed, built)
-        self.eval_data = RecordSource.held_out(algo, self.kind, seed, built)
+        # A file record whose prompt fills max_length is a bad row (file:row), found here where the tokenizer is.
+        fits = partial(check_fits, kind=self.kind, tokenizer=self.tokenizer, max_length=algo.max_length,
+                       use_chat_template=algo.use_chat_template)
+        self.train_data = RecordSource.train(algo, self.kind, seed, built, fits)
+        self.eval_data = RecordSource.held_out(algo, self.kind, seed, built, fits)
 
     def update(self, step: int) -> dict[str, float]:
         """One optimizer step on this rank's share of step ``step``'s global batch; returns global metrics."""
