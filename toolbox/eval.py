@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,7 +29,6 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from toolbox.callbacks.console import stderr_console
 from toolbox.core.errors import ConfigError, WorkerError
 
 
@@ -98,14 +96,10 @@ def output_dir(opts: EvalOptions, model_path: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done, 1 a worker failed, 2 a bad config."""
-    from toolbox.experiment import WORKER_ENV
+    from toolbox.run import entry_point
 
-    for key, value in WORKER_ENV.items():
-        os.environ.setdefault(key, value)
-    console = stderr_console()
-    args = sys.argv[1:] if argv is None else argv
-    if args and args[0] in {"-h", "--help"}:
-        console.print(escape(__doc__))
+    console, args = entry_point(argv, __doc__ or "")
+    if args is None:
         return 0
     from toolbox.config import load_config
 

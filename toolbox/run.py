@@ -16,8 +16,11 @@ from toolbox.core.errors import ConfigError, WorkerError
 log = logging.getLogger("toolbox")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Exit codes: 0 done, 1 a worker failed, 2 a bad config."""
+def entry_point(argv: list[str] | None, help_text: str) -> tuple[Console, list[str] | None]:
+    """What every driver entry point does first: quiet worker env, a stderr console, the arguments.
+
+    The arguments are ``None`` when ``-h``/``--help`` asked for ``help_text`` (then printed).
+    """
     from toolbox.experiment import WORKER_ENV
 
     for key, value in WORKER_ENV.items():
@@ -26,7 +29,16 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in {"-h", "--help"}:
         # escape(): "[a.b.c=value ...]" and error texts would otherwise be read as rich markup and vanish.
-        console.print(escape(__doc__ + "\nExperiments live in configs/experiments/; see docs/configuration.md for every field."))
+        console.print(escape(help_text))
+        return console, None
+    return console, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 done, 1 a worker failed, 2 a bad config."""
+    console, args = entry_point(argv, (__doc__ or "") + "\nExperiments live in configs/experiments/; see "
+                                "docs/configuration.md for every field.")
+    if args is None:
         return 0
     from toolbox.config import load_config
 

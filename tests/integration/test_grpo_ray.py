@@ -93,12 +93,23 @@ def test_stuck_worker_raises_naming_role_rank_and_node(ray_session: None) -> Non
         group.shutdown()
 
 
+def _wait_until_dead(actor: Any, within_s: float = 60.0) -> None:
+    """The kill is asynchronous: a call made just after it may still run, so poll until calls fail."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ready.remote(), timeout=within_s)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"the killed actor still answered after {within_s}s")
+
+
 def test_dead_worker_raises_naming_role_and_rank(ray_session: None) -> None:
     group = WorkerGroup("sleeper", Sleeper, 2, lambda r: {}, timeout_s=10, cpus=0.1)
     try:
         ray.kill(group.actors[0], no_restart=True)
-        with pytest.raises(ray.exceptions.RayActorError):  # the kill is asynchronous: wait until it has landed
-            ray.get(group.actors[0].ready.remote(), timeout=60)
+        _wait_until_dead(group.actors[0])
         with pytest.raises(WorkerError, match=r"sleeper rank 0 on node [0-9.]+: nap died"):
             group.call("nap", [(0.0,), (0.0,)])
     finally:

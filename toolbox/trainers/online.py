@@ -92,10 +92,7 @@ class OnlineTrainer(BaseTrainer):
         return weights, self.rollout.update_weights(weights)
 
     def evaluate(self) -> Metrics:
-        greedy = self.sampling.model_copy(update={"temperature": 0.0})
-        requests = self.prompts.eval_set(self.cfg.eval_prompts)
-        scored = self.reward.score(self.rollout.generate(split_even(requests, len(self.rollout)), greedy))
-        return {"reward": RewardResult.concat(scored.result()).metrics()["reward"]}
+        return greedy_reward(self.prompts, self.rollout, self.reward, self.sampling, self.cfg.eval_prompts)
 
     def save(self, step: int) -> str:
         return self.learner.save(str(self.run_dir / "checkpoints" / f"step_{step}"))
@@ -104,6 +101,15 @@ class OnlineTrainer(BaseTrainer):
         """With ``trainer.export``: the final policy as a Hugging Face model directory, RUN_DIR/hf."""
         if self.cfg.export:
             self.learner.export_hf(str(self.run_dir / "hf"))
+
+
+def greedy_reward(prompts: PromptSource, rollout: RolloutRole, reward: RewardRole, sampling: SamplingConfig,
+                  num_prompts: int) -> Metrics:
+    """Mean reward of greedy completions of ``num_prompts`` held-out prompts (the loops' evaluation)."""
+    greedy = sampling.model_copy(update={"temperature": 0.0})
+    requests = prompts.eval_set(num_prompts)
+    scored = reward.score(rollout.generate(split_even(requests, len(rollout)), greedy))
+    return {"reward": RewardResult.concat(scored.result()).metrics()["reward"]}
 
 
 def _informative(rewards: Pending[RewardResult], shards: list[list[PromptRequest]]) -> dict[int, bool]:

@@ -14,11 +14,10 @@ from pathlib import Path
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import EventBus
 from toolbox.core.pending import wait
-from toolbox.data.prompts import PromptSource, split_even, split_groups
+from toolbox.data.prompts import PromptSource, split_groups
 from toolbox.engines.base import SamplingConfig
-from toolbox.rewards.base import RewardResult
 from toolbox.trainers.base import BaseTrainer
-from toolbox.trainers.online import mean_over_ranks
+from toolbox.trainers.online import greedy_reward, mean_over_ranks
 from toolbox.trainers.roles import Metrics, PolicyLearnerRole, RewardRole, RolloutRole
 
 from toolbox_raft.config import RaftConfig
@@ -54,11 +53,8 @@ class RaftTrainer(BaseTrainer):
         return mean_over_ranks(update.result())
 
     def evaluate(self) -> Metrics:
-        """Mean reward of greedy completions of the task's held-out prompts."""
-        greedy = self.sampling.model_copy(update={"temperature": 0.0})
-        requests = self.prompts.eval_set(self.cfg.eval_prompts)
-        scored = self.reward.score(self.rollout.generate(split_even(requests, len(self.rollout)), greedy))
-        return {"reward": RewardResult.concat(scored.result()).metrics()["reward"]}
+        """Mean reward of greedy completions of the task's held-out prompts (the shared evaluation)."""
+        return greedy_reward(self.prompts, self.rollout, self.reward, self.sampling, self.cfg.eval_prompts)
 
     def save(self, step: int) -> str:
         return self.learner.save(str(self.run_dir / "checkpoints" / f"step_{step}"))
