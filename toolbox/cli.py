@@ -174,6 +174,7 @@ COMMANDS: dict[str, Command] = {
                     own_help=False),
     "eval": Command("toolbox.eval:main", "score a model or a run's policy on a task's eval split (pass@k, mean reward)"),
     "export": Command("toolbox.export:main", "write a run's checkpoint as a Hugging Face model directory: RUN_DIR OUT_DIR"),
+    "serve": Command("toolbox.serve:main", "an OpenAI-compatible server of a model or run: model=DIR_OR_RUN [port=8000 ...]"),
     "bench": Command("toolbox.bench.__main__:main", "benchmarks against TRL / RLlib and of weight sync: NAME [options]"),
     "config": Command("toolbox.cli:config_command", "print an experiment's resolved config as YAML: [experiment=NAME|PATH] [a.b.c=value ...]"),
     "docs": Command("toolbox.cli:docs_command", "regenerate docs/configuration.md and docs/components.md"),

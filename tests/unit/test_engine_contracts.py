@@ -247,7 +247,8 @@ def server(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
 @pytest.mark.parametrize("mode", ["ids", "text"])
 def test_http_generate_against_server(server: str, tok_dir: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(CompletionsHandler, "mode", mode)
-    cfg = http_mod.HTTPEngineConfig(base_url=server, max_retries=0, max_concurrency=2, server_token_ids=mode == "ids")
+    cfg = http_mod.HTTPEngineConfig(base_url=server, max_retries=0, max_concurrency=2, server_token_ids=mode == "ids",
+                                    token_ids_field="return_tokens_as_token_ids")  # vLLM's token_id:N spelling
     engine = http_mod.HTTPEngine(tok_dir, config=cfg)
     check_batch(engine.generate(REQUESTS, SAMPLING))
     bodies = CompletionsHandler.bodies
@@ -264,11 +265,14 @@ def test_http_misaligned_text_is_an_error(server: str, tok_dir: str, monkeypatch
         engine.generate(REQUESTS[:1], SAMPLING)
 
 
-def test_http_refuses_weight_updates_unless_allowed(tok_dir: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_http_refuses_weight_updates_unless_allowed(server: str, tok_dir: str,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    # This server has no GET /v1/toolbox/info (it answers 501): not toolbox.serve, so it cannot take weights.
     buckets = pack_state_dict({"w": torch.ones(2)})
-    with pytest.raises(NotImplementedError, match="allow_stale_weights"):
-        http_mod.HTTPEngine(tok_dir).update_weights(buckets)
-    stale = http_mod.HTTPEngine(tok_dir, config=http_mod.HTTPEngineConfig(allow_stale_weights=True))
+    with pytest.raises(NotImplementedError, match="toolbox/info answered 501") as refused:
+        http_mod.HTTPEngine(tok_dir, config=http_mod.HTTPEngineConfig(base_url=server)).update_weights(buckets)
+    assert "allow_stale_weights" in str(refused.value)
+    stale = http_mod.HTTPEngine(tok_dir, config=http_mod.HTTPEngineConfig(base_url=server, allow_stale_weights=True))
     with caplog.at_level("WARNING"):
         assert stale.update_weights(buckets) == 0
     assert "keeps its own weights" in caplog.text

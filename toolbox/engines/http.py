@@ -1,32 +1,44 @@
-"""The HTTP engine: sample from an OpenAI-compatible server's ``/v1/completions`` (vLLM, SGLang, ...).
+"""The HTTP engine: sample from an OpenAI-compatible server's ``/v1/completions`` (ours, vLLM, SGLang, ...).
 
-Prompts go out as token-id lists and come back with one log-prob per token (``logprobs=1``). Token
-ids are read from the response when the server gives them (``choices[].token_ids``, or vLLM's
-``return_tokens_as_token_ids`` which spells each token "token_id:N"); otherwise the text is
-tokenized again with the model's tokenizer, and a row whose token count then disagrees with its
-log-prob count is an error rather than a misaligned sample.
+Prompts go out as token-id lists, the samples of one prompt as one request with ``n``, and come back
+with one log-prob per token (``logprobs=1``). Token ids are read from the response when the server
+gives them (``choices[].token_ids``, asked for with ``return_token_ids``: our server and recent vLLM;
+or older vLLM's ``return_tokens_as_token_ids``, which spells each token "token_id:N"); otherwise the
+text is tokenized again with the model's tokenizer, and a row whose token count then disagrees with
+its log-prob count is an error rather than a misaligned sample.
 
-The server's weights are not ours: `update_weights` refuses unless ``allow_stale_weights`` says
-the run knowingly samples from a fixed policy (evaluation, a frozen reference, an external judge).
+Weights: at start the engine asks ``GET {base_url}/toolbox/info`` whether the server is our own
+(`toolbox.serve`) with its weight-update endpoint on. If so, `update_weights` posts the learner's
+full state dict there as one safetensors body, authorised by an admin token read from the
+environment variable ``admin_token_env`` (the token is never in the config, never logged). Any other
+server owns its weights: `update_weights` refuses unless ``allow_stale_weights`` says the run
+knowingly samples from a fixed policy (evaluation, a frozen reference, an external judge).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import random
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolbox.core.errors import ConfigError
 from toolbox.engines.base import ENGINES, SamplingConfig
-from toolbox.engines.common import Sample, batch_from_samples, finish_code, request_seeds
+from toolbox.engines.common import Sample, batch_from_samples, finish_code, request_seeds, tensor_bytes
 from toolbox.models.loading import load_tokenizer
 from toolbox.rl.batch import FINISH_STOP, PromptRequest, RolloutBatch
-from toolbox.rl.weights import WeightBucket
+from toolbox.rl.weights import WeightBucket, unpack_all
 
 log = logging.getLogger(__name__)
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's spelling of a token under return_tokens_as_token_ids
+PROBE_TIMEOUT_S = 10.0  # the info probe is tiny; do not wait the completion timeout for it
 
 
 class HTTPEngineConfig(BaseModel):
@@ -34,29 +46,136 @@ class HTTPEngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     base_url: str = Field(default="http://127.0.0.1:8000/v1", description="Server URL up to and including /v1.")
-    api_key: str = Field(default="EMPTY", description="Bearer token; local vLLM/SGLang servers accept any value.")
+    api_key: str = Field(default="EMPTY", description="Bearer token; local vLLM/SGLang servers accept any value. "
+                         "A real key belongs in api_key_env, not here (the config is written to config.yaml).")
+    api_key_env: str = Field(
+        default="", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$",
+        description="Name of the environment variable (on the rollout workers) holding the API key; set: it "
+        "replaces api_key (toolbox.serve's is TOOLBOX_SERVE_API_KEY).",
+    )
     model: str = Field(default="", description="Model name the server serves; empty: the model path.")
-    timeout_s: float = Field(default=600.0, gt=0.0, description="Seconds one completion request may take.")
+    timeout_s: float = Field(default=600.0, gt=0.0,
+                             description="Seconds one completion request (or one weight upload) may take.")
     max_concurrency: int = Field(default=32, ge=1, description="Completion requests in flight at once.")
     max_retries: int = Field(default=2, ge=0, description="Retries of a failed request (connection error, 5xx, 429).")
     server_token_ids: bool = Field(
         default=True,
-        description="Ask for token ids (vLLM's return_tokens_as_token_ids) so text need not be "
+        description="Ask the server for the sampled token ids (see token_ids_field) so text need not be "
         "re-tokenized; turn off for a server that rejects unknown request fields.",
+    )
+    token_ids_field: Literal["return_token_ids", "return_tokens_as_token_ids"] = Field(
+        default="return_token_ids",
+        description="Request field that asks for token ids: return_token_ids (toolbox.serve, recent vLLM: "
+        "choices[].token_ids) or return_tokens_as_token_ids (older vLLM: tokens spelled token_id:N).",
+    )
+    n_per_prompt: bool = Field(
+        default=True,
+        description="Ask for the samples of one prompt (a GRPO group) in one request with n (independent choices; "
+        "toolbox.serve seeds choice i with seed + i); off: one request per sample, for servers that reject n > 1 with log-probs.",
     )
     seeded: bool = Field(
         default=True, description="Send each request its own seed (reproducible where the server honours it)."
     )
+    push_weights: bool = Field(
+        default=True,
+        description="Push the learner's weights to a server that advertises toolbox's weight-update endpoint "
+        "(GET <base_url>/toolbox/info); off: treat it like any other server.",
+    )
+    admin_token_env: str = Field(
+        default="TOOLBOX_SERVE_ADMIN_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of the environment variable (on the rollout workers) holding the server's admin "
+        "token for weight pushes; never the token itself.",
+    )
     allow_stale_weights: bool = Field(
         default=False,
-        description="Let update_weights return without loading (the server keeps its own weights): "
-        "only for sampling from a fixed policy.",
+        description="Let update_weights return without loading when the server cannot take weights (the "
+        "server keeps its own): only for sampling from a fixed policy.",
     )
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What ``GET <base_url>/toolbox/info`` said. ``ours`` is False for any other server; ``note`` says why."""
+
+    ours: bool
+    weight_update: bool = False
+    model: str = ""
+    note: str = ""
+
+
+class ServerUnreachableError(RuntimeError):
+    """The server did not answer at all (refused connection, timeout, DNS)."""
+
+
+def _http(url: str, *, method: str = "GET", headers: dict[str, str] | None = None, body: bytes | None = None,
+          timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int, bytes]:
+    """One request with the standard library; returns (status, body) for any HTTP answer, 4xx/5xx included.
+
+    A connection failure raises `ServerUnreachableError`. Nothing about the request's headers is logged.
+    """
+    request = urllib.request.Request(url, data=body, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - http(s) URL from config
+            return int(response.status), response.read()
+    except urllib.error.HTTPError as err:
+        return int(err.code), err.read()
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise ServerUnreachableError(f"{method} {url}: no answer ({reason})") from None
+
+
+def probe_server(base_url: str, api_key: str, timeout_s: float = PROBE_TIMEOUT_S) -> ServerInfo:
+    """Ask whether ``base_url`` is a `toolbox.serve` server and whether it takes weight pushes.
+
+    Any answer other than 200 with toolbox's info JSON (404 from vLLM, 501 from a bare server, 401 from a
+    server that wants another key) means "not ours", with the reason kept in ``note`` for the refusal
+    message. A server that does not answer at all raises `ServerUnreachableError`.
+    """
+    url = f"{base_url.rstrip('/')}/toolbox/info"
+    status, body = _http(url, headers={"Authorization": f"Bearer {api_key}"}, timeout_s=timeout_s)
+    if status != 200:
+        return ServerInfo(ours=False, note=f"GET {url} answered {status}")
+    try:
+        info = json.loads(body)
+        return ServerInfo(ours=True, weight_update=info["weight_update"] is True, model=str(info.get("model", "")),
+                          note=f"GET {url}: weight_update={info['weight_update']!r}")
+    except (ValueError, KeyError, TypeError):
+        return ServerInfo(ours=False, note=f"GET {url} answered 200 but not toolbox's info JSON: {_snippet(body)}")
+
+
+def prompt_rows(requests: list[PromptRequest]) -> list[list[int]]:
+    """Batch rows grouped by identical prompt (same group, same ids), in first-seen order: one request each."""
+    rows: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+    for i, request in enumerate(requests):
+        rows.setdefault((request.group, tuple(request.ids)), []).append(i)
+    return list(rows.values())
+
+
+def _snippet(body: bytes, limit: int = 300) -> str:
+    return body[:limit].decode("utf-8", "replace")
+
+
+def safetensors_payload(buckets: list[WeightBucket]) -> tuple[bytes, int, int]:
+    """The buckets' tensors as one safetensors file: (bytes, tensor count, tensor bytes).
+
+    Tensors that share memory (tied embeddings exported from one process) are cloned, since
+    safetensors refuses to save aliases; everything else is serialized straight from the bucket views.
+    """
+    from safetensors.torch import save
+
+    state = unpack_all(buckets)
+    seen: set[int] = set()
+    for name, tensor in state.items():
+        ptr = tensor.untyped_storage().data_ptr() if tensor.numel() else 0
+        if ptr and ptr in seen:
+            state[name] = tensor.clone()
+        seen.add(ptr)
+    return save(state), len(state), tensor_bytes(state.values())
 
 
 @ENGINES.register("http", config=HTTPEngineConfig)
 class HTTPEngine:
-    """Samples from an OpenAI-compatible server with the ``openai`` client, one request per prompt."""
+    """Samples from an OpenAI-compatible server with the ``openai`` client, one request (``n`` samples) per prompt."""
 
     def __init__(self, model_path: str, dtype: str = "float32", config: HTTPEngineConfig | None = None,
                  seed: int = 0, trust_remote_code: bool = False) -> None:
@@ -65,21 +184,42 @@ class HTTPEngine:
         self.config = cfg = config or HTTPEngineConfig()
         self.tokenizer = load_tokenizer(model_path, trust_remote_code)
         self.model = cfg.model or model_path
+        self._api_key = self._secret(cfg.api_key_env, "api_key_env") if cfg.api_key_env else cfg.api_key
         self.client = openai.OpenAI(
-            base_url=cfg.base_url, api_key=cfg.api_key, timeout=cfg.timeout_s, max_retries=cfg.max_retries
+            base_url=cfg.base_url, api_key=self._api_key, timeout=cfg.timeout_s, max_retries=cfg.max_retries
         )
         self._rng = random.Random(seed)
+        self.server: ServerInfo | None = None  # None: not known yet (the server did not answer at start)
+        try:
+            self.server = probe_server(cfg.base_url, self._api_key)
+        except ServerUnreachableError as err:
+            log.warning("http engine: %s; asking again at the first weight update", err)
+        if self._pushes() and not os.environ.get(cfg.admin_token_env):
+            # Not an error yet: an evaluation never pushes. A training run fails at its first weight sync.
+            log.warning("http engine: %s takes weight pushes but %s is not set here; a weight update will fail",
+                        cfg.base_url, cfg.admin_token_env)
 
     def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
-        seeds = request_seeds(self._rng, len(requests), self.config.seeded)
-        with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
-            samples = list(pool.map(lambda i: self._complete(requests[i], sampling, seeds[i], i), range(len(requests))))
-        return batch_from_samples(requests, samples, int(self.tokenizer.pad_token_id))
+        rows = prompt_rows(requests) if self.config.n_per_prompt else [[i] for i in range(len(requests))]
+        seeds = request_seeds(self._rng, len(rows), self.config.seeded)
 
-    def _complete(self, request: PromptRequest, sampling: SamplingConfig, seed: int | None, row: int) -> Sample:
+        def complete(k: int) -> list[Sample]:
+            return self._complete(requests[rows[k][0]], len(rows[k]), sampling, seeds[k], rows[k])
+
+        with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
+            answers = list(pool.map(complete, range(len(rows))))
+        samples: list[Sample | None] = [None] * len(requests)
+        for group, answer in zip(rows, answers):
+            for row, sample in zip(group, answer):
+                samples[row] = sample
+        return batch_from_samples(requests, [s for s in samples if s is not None], int(self.tokenizer.pad_token_id))
+
+    def _complete(self, request: PromptRequest, n: int, sampling: SamplingConfig, seed: int | None,
+                  rows: list[int]) -> list[Sample]:
+        """One completions request for ``n`` samples of ``request`` (the batch rows ``rows``)."""
         extra: dict[str, Any] = {}
         if self.config.server_token_ids:
-            extra["return_tokens_as_token_ids"] = True
+            extra[self.config.token_ids_field] = True
         if not sampling.stop_at_eos:
             extra["ignore_eos"] = True  # vLLM / SGLang extension; OpenAI itself has no such switch
         kwargs: dict[str, Any] = {"seed": seed} if seed is not None else {}
@@ -89,13 +229,20 @@ class HTTPEngine:
             max_tokens=sampling.max_new_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
-            n=1,
+            n=n,
             logprobs=1,
             extra_body=extra or None,
             **kwargs,
         )
-        choice = response.choices[0]
-        where = f"http engine row {row} ({self.config.base_url})"
+        where = f"http engine rows {rows} ({self.config.base_url})"
+        if len(response.choices) != n:
+            raise RuntimeError(f"{where}: asked for n={n} completions, the server returned {len(response.choices)}")
+        choices = sorted(response.choices, key=lambda c: c.index)
+        return [self._sample(c, sampling, f"http engine row {row} ({self.config.base_url})")
+                for row, c in zip(rows, choices)]
+
+    def _sample(self, choice: Any, sampling: SamplingConfig, where: str) -> Sample:
+        """One choice as a `Sample`; a missing or misaligned log-prob is an error naming ``where``."""
         finish = finish_code(choice.finish_reason, where)
         if choice.logprobs is None or choice.logprobs.token_logprobs is None:
             raise RuntimeError(f"{where}: the server returned no log-probs; it must support logprobs=1")
@@ -105,7 +252,7 @@ class HTTPEngine:
         ids = self._response_ids(choice, len(logprobs), finish, sampling.stop_at_eos)
         if len(ids) != len(logprobs):
             raise RuntimeError(
-                f"{where}: {len(ids)} tokens after re-tokenizing the text but {len(logprobs)} log-probs; "
+                f"{where}: {len(ids)} response tokens but {len(logprobs)} log-probs; "
                 "use a server that returns token ids (http.server_token_ids: true)"
             )
         return Sample(ids, [float(lp) for lp in logprobs], finish)
@@ -124,17 +271,64 @@ class HTTPEngine:
             ids.append(int(self.tokenizer.eos_token_id))
         return ids
 
+    def _pushes(self) -> bool:
+        """Whether weight updates go to the server (it is ours, with the endpoint on, and pushing is wanted)."""
+        return self.config.push_weights and self.server is not None and self.server.weight_update
+
+    def _admin_token(self) -> str:
+        return self._secret(self.config.admin_token_env, "admin_token_env",
+                            f"the server at {self.config.base_url} takes weight pushes, and ",
+                            "; or set rollout.engine.push_weights: false to sample from its weights as they are")
+
+    def _secret(self, name: str, field: str, context: str = "", hint: str = "") -> str:
+        """The value of the environment variable ``name`` (named by config ``field``); `ConfigError` if unset."""
+        value = os.environ.get(name, "")
+        if not value:
+            raise ConfigError(f"rollout.engine.{field}: {context}the environment variable {name} is not set on "
+                              f"this rollout worker; set it to the server's secret{hint}")
+        return value
+
     def update_weights(self, buckets: list[WeightBucket]) -> int:
+        """Push the learner's weights to our server; returns the bytes loaded (0 when knowingly stale)."""
+        if self.server is None:  # the server did not answer at start: ask again, and now a silence is an error
+            self.server = probe_server(self.config.base_url, self._api_key)
+        if self._pushes():
+            return self._push(buckets)
         if not self.config.allow_stale_weights:
+            why = self.server.note if self.config.push_weights else "rollout.engine.push_weights is false"
             raise NotImplementedError(
-                f"http engine: the server at {self.config.base_url} owns its weights, so the learner's "
-                "update cannot reach it and on-policy training would silently sample a stale policy. "
-                "Use the vllm or sglang engine for training, or set http.allow_stale_weights: true to "
-                "sample from a fixed policy on purpose."
+                f"http engine: the server at {self.config.base_url} does not take weight pushes ({why}), so the "
+                "learner's update cannot reach it and on-policy training would silently sample a stale policy. "
+                "Serve the model with toolbox.serve "
+                "and TOOLBOX_SERVE_ADMIN_TOKEN set, use the vllm or sglang engine, or set "
+                "http.allow_stale_weights: true to sample from a fixed policy on purpose."
             )
         log.warning("http engine: skipping a weight update of %d buckets; %s keeps its own weights",
                     len(buckets), self.config.base_url)
         return 0
 
+    def _push(self, buckets: list[WeightBucket]) -> int:
+        """POST the full state dict as safetensors to ``<base_url>/toolbox/weights``; check the server loaded all."""
+        url = f"{self.config.base_url.rstrip('/')}/toolbox/weights"
+        payload, count, nbytes = safetensors_payload(buckets)
+        headers = {"Authorization": f"Bearer {self._admin_token()}", "Content-Type": "application/octet-stream"}
+        status, body = _http(url, method="POST", headers=headers, body=payload, timeout_s=self.config.timeout_s)
+        if status != 200:
+            raise RuntimeError(f"http engine: weight push of {count} tensors to {url} was rejected with status "
+                               f"{status}: {_snippet(body)}")
+        try:
+            answer = json.loads(body)
+            loaded, version = int(answer["loaded"]), answer.get("version")
+        except (ValueError, KeyError, TypeError):
+            raise RuntimeError(f"http engine: weight push to {url} answered 200 but not with "
+                               f"{{'loaded': n, 'version': k}}: {_snippet(body)}") from None
+        if loaded != count:
+            raise RuntimeError(f"http engine: weight push to {url}: sent {count} tensors, the server loaded {loaded}")
+        log.info("http engine: pushed %d tensors (%.1f MB) to %s, server weight version %s",
+                 count, nbytes / 2**20, url, version)
+        return nbytes
+
     def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError("http engine: the server's weights are not readable through the completions API")
+        raise NotImplementedError("http engine: the server's weights are not readable through the completions API "
+                                  "(toolbox.serve publishes a digest at <base_url>/toolbox/weights/digest)")
+

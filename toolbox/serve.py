@@ -1,0 +1,68 @@
+"""``toolbox serve model=DIR_OR_RUN [engine=hf] [host=127.0.0.1] [port=8000] [key=value ...]``.
+
+An OpenAI-compatible server (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``) of a model
+directory or a run's exported ``RUN/hf``, with continuous batching (`toolbox.serving.scheduler`). Every option
+is a field of `toolbox.serving.config.ServeConfig`. Binds 127.0.0.1 unless told; any other address needs an API
+key in the env var named by ``api_key_env`` (default TOOLBOX_SERVE_API_KEY), which clients send as a bearer
+token. ``POST /v1/toolbox/weights`` loads new weights and is enabled only when the env var named by
+``admin_token_env`` (default TOOLBOX_SERVE_ADMIN_TOKEN) is set. See docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pydantic import ValidationError
+
+from toolbox.serving.config import ServeConfig
+
+
+def parse_args(argv: list[str]) -> ServeConfig:
+    """``key=value`` arguments as a `ServeConfig`; `ValueError` naming the bad argument or field."""
+    fields: dict[str, str] = {}
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or not key:
+            raise ValueError(f"argument {arg!r} is not key=value; options: {', '.join(ServeConfig.model_fields)}")
+        fields[key] = value
+    try:
+        return ServeConfig.model_validate(fields)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+        raise ValueError(problems) from err
+
+
+def secrets_for(config: ServeConfig) -> tuple[str | None, str | None]:
+    """The API key and admin token from the environment; `ValueError` if a non-loopback bind has no key."""
+    api_key = os.environ.get(config.api_key_env) or None
+    if api_key is None and not config.is_loopback():
+        raise ValueError(f"host={config.host} is reachable from other machines: set {config.api_key_env} to an API "
+                         "key (clients send it as Authorization: Bearer KEY), or bind host=127.0.0.1")
+    return api_key, os.environ.get(config.admin_token_env) or None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve until interrupted. Exit codes: 0 after a clean shutdown, 2 on bad arguments."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    try:
+        config = parse_args(args)
+        api_key, admin_token = secrets_for(config)
+    except ValueError as err:
+        print(f"toolbox serve: {err}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from toolbox.serving.app import create_app
+    from toolbox.serving.server import ModelServer
+
+    app = create_app(ModelServer(config), api_key, admin_token)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
