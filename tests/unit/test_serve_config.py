@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolbox.serve import parse_args, secrets_for
+from toolbox.serve import main, parse_args, secrets_for
 
 
 def test_options_parse_and_typos_fail() -> None:
@@ -12,8 +12,22 @@ def test_options_parse_and_typos_fail() -> None:
     assert (config.port, config.max_queue, config.host) == (9000, 3, "127.0.0.1")
     with pytest.raises(ValueError, match="max_qeue: Extra inputs are not permitted"):
         parse_args(["model=/m", "max_qeue=3"])
-    with pytest.raises(ValueError, match="implements engine=hf only; for vllm, `vllm serve"):
-        parse_args(["model=/m", "engine=vllm"])
+    with pytest.raises(ValueError, match="unknown engine 'vlm'; registered engines: .*hf.*sglang.*vllm"):
+        parse_args(["model=/m", "engine=vlm"])
+
+
+def test_other_engines_take_dotted_options_checked_against_their_config() -> None:
+    config = parse_args(["model=/m", "engine=vllm", "engine.gpu_memory_utilization=0.8", "engine.seeded=false"])
+    assert (config.engine, config.engine_options) == ("vllm", {"gpu_memory_utilization": 0.8, "seeded": False})
+    with pytest.raises(ValueError, match="gpu_memory_utilisation"):
+        parse_args(["model=/m", "engine=vllm", "engine.gpu_memory_utilisation=0.8"])
+    with pytest.raises(ValueError, match="engine=hf runs the continuous batcher, which takes no engine options"):
+        parse_args(["model=/m", "engine.max_batch_size=4"])
+
+
+def test_unknown_engine_exits_2_listing_the_registered_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["model=/m", "engine=nope"]) == 2
+    assert "registered engines: " in capsys.readouterr().err
 
 
 def test_a_public_bind_needs_an_api_key(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from toolbox.serving.protocol import ApiError, ChatRequest, CompletionRequest, check_sampling
 from toolbox.serving.responses import choice_body, chunk_choice, envelope
 from toolbox.serving.sequence import Delta, SamplingParams
-from toolbox.serving.server import ModelServer, Running
+from toolbox.serving.server import Running, ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ async def _collect(running: Running) -> list[list[Delta]]:
     return deltas
 
 
-async def _events(server: ModelServer, running: Running, req: Any, chat: bool, rid: str) -> AsyncIterator[str]:
+async def _events(server: ServedModel, running: Running, req: Any, chat: bool, rid: str) -> AsyncIterator[str]:
     """Server-sent events: one chunk per delta, then ``[DONE]``."""
     left, started = len(running.sequences), set()
     try:
@@ -99,7 +99,7 @@ async def _events(server: ModelServer, running: Running, req: Any, chat: bool, r
         running.cancel()
 
 
-async def _generate(server: ModelServer, req: CompletionRequest | ChatRequest, prompt_ids: list[int],
+async def _generate(server: ServedModel, req: CompletionRequest | ChatRequest, prompt_ids: list[int],
                     chat: bool) -> Any:
     if req.model != server.model_id:
         raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {server.model_id!r}",
@@ -120,7 +120,7 @@ async def _generate(server: ModelServer, req: CompletionRequest | ChatRequest, p
     return envelope(server, rid, chat, False, choices, usage)
 
 
-def create_app(server: ModelServer, api_key: str | None = None, admin_token: str | None = None) -> FastAPI:
+def create_app(server: ServedModel, api_key: str | None = None, admin_token: str | None = None) -> FastAPI:
     """The app serving ``server``; ``api_key`` guards every route, ``admin_token`` enables weight updates."""
 
     @asynccontextmanager
@@ -156,7 +156,7 @@ def create_app(server: ModelServer, api_key: str | None = None, admin_token: str
     return app
 
 
-def _add_weight_routes(app: FastAPI, server: ModelServer, admin_token: str | None) -> None:
+def _add_weight_routes(app: FastAPI, server: ServedModel, admin_token: str | None) -> None:
     @app.get("/v1/toolbox/info")
     async def info() -> dict[str, Any]:
         return {"model": server.model_id, "weight_update": bool(admin_token), "version": server.version}

@@ -6,10 +6,10 @@ import time
 from typing import Any
 
 from toolbox.serving.sequence import Delta, Sequence
-from toolbox.serving.server import ModelServer
+from toolbox.serving.server import ServedModel
 
 
-def completion_logprobs(server: ModelServer, deltas: list[Delta], num_top: int | None) -> dict[str, Any] | None:
+def completion_logprobs(server: ServedModel, deltas: list[Delta], num_top: int | None) -> dict[str, Any] | None:
     """The completions ``logprobs`` object for ``deltas`` (None when not asked for)."""
     if num_top is None:
         return None
@@ -20,7 +20,7 @@ def completion_logprobs(server: ModelServer, deltas: list[Delta], num_top: int |
             "text_offset": offsets}
 
 
-def chat_logprobs(server: ModelServer, deltas: list[Delta], wanted: bool) -> dict[str, Any] | None:
+def chat_logprobs(server: ServedModel, deltas: list[Delta], wanted: bool) -> dict[str, Any] | None:
     """The chat ``logprobs`` object (``content`` entries) for ``deltas`` (None when not asked for)."""
     if not wanted:
         return None
@@ -33,7 +33,7 @@ def chat_logprobs(server: ModelServer, deltas: list[Delta], wanted: bool) -> dic
                          "top_logprobs": [entry(t, lp) for t, lp in d.choice.top]} for d in deltas]}
 
 
-def choice_body(server: ModelServer, chat: bool, index: int, seq: Sequence, deltas: list[Delta],
+def choice_body(server: ServedModel, chat: bool, index: int, seq: Sequence, deltas: list[Delta],
                 req: Any) -> dict[str, Any]:
     """One finished choice (non-streaming)."""
     body: dict[str, Any] = {"index": index, "finish_reason": seq.finish}
@@ -48,7 +48,7 @@ def choice_body(server: ModelServer, chat: bool, index: int, seq: Sequence, delt
     return body
 
 
-def chunk_choice(server: ModelServer, chat: bool, index: int, delta: Delta, req: Any, first: bool) -> dict[str, Any]:
+def chunk_choice(server: ServedModel, chat: bool, index: int, delta: Delta, req: Any, first: bool) -> dict[str, Any]:
     """One streamed delta of one choice."""
     body: dict[str, Any] = {"index": index, "finish_reason": delta.finish}
     if chat:
@@ -62,7 +62,7 @@ def chunk_choice(server: ModelServer, chat: bool, index: int, delta: Delta, req:
     return body
 
 
-def envelope(server: ModelServer, request_id: str, chat: bool, stream: bool, choices: list[dict[str, Any]],
+def envelope(server: ServedModel, request_id: str, chat: bool, stream: bool, choices: list[dict[str, Any]],
              usage: dict[str, int] | None = None) -> dict[str, Any]:
     """The object around the choices."""
     kind = ("chat.completion" if chat else "text_completion") + (".chunk" if stream and chat else "")

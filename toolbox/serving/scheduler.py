@@ -34,25 +34,24 @@ class QueueFull(Exception):
     """The waiting queue has no room for all of a request's choices."""
 
 
-class ContinuousBatcher:
-    """Owns the model while serving: admits sequences, runs prefill and decode steps, loads weights between steps."""
+class BatchLoop:
+    """One thread that owns a generator while serving: a bounded waiting queue, admission at step boundaries.
 
-    def __init__(self, model: nn.Module, pad_id: int, max_batch_size: int = 32, max_queue: int = 256) -> None:
-        self.model = model
-        self.device = next(model.parameters()).device
-        self.pad_id = pad_id
+    Subclasses implement `_step` (what one loop does with the newly admitted sequences); ``_running`` holds the
+    sequences still generating between steps (always empty for a backend that finishes a batch in one step).
+    """
+
+    def __init__(self, max_batch_size: int, max_queue: int, name: str) -> None:
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.lock = threading.Lock()  # held for a step; weight loads take it too
         self._wake = threading.Condition()
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
-        self._kv: BatchKV | None = None
         self._stopped = False
         self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._loop, name="toolbox-serve-scheduler", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.steps = 0
-        self.peak_running = 0  # the most rows ever decoded together (tests read it)
 
     def start(self) -> None:
         self._thread.start()
@@ -97,6 +96,21 @@ class ContinuousBatcher:
             self._failure = err
             for seq in [*self._running, *self._waiting]:
                 seq.listener(err)
+
+    def _step(self, newcomers: list[Sequence]) -> None:
+        raise NotImplementedError
+
+
+class ContinuousBatcher(BatchLoop):
+    """Owns the model while serving: admits sequences, runs prefill and decode steps, loads weights between steps."""
+
+    def __init__(self, model: nn.Module, pad_id: int, max_batch_size: int = 32, max_queue: int = 256) -> None:
+        super().__init__(max_batch_size, max_queue, "toolbox-serve-scheduler")
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.pad_id = pad_id
+        self._kv: BatchKV | None = None
+        self.peak_running = 0  # the most rows ever decoded together (tests read it)
 
     def _step(self, newcomers: list[Sequence]) -> None:
         """Prefill the newcomers, decode the rows that were already running, then drop finished rows."""

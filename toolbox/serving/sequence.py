@@ -64,16 +64,20 @@ class Sequence:
     finish: str | None = None
     cancelled: bool = False
 
-    def append(self, choice: Choice) -> Delta:
-        """Record ``choice``, apply EOS / stop strings / ``max_tokens``, and tell the listener what changed."""
+    def append(self, choice: Choice, ended: str | None = None) -> Delta:
+        """Record ``choice``, apply EOS / stop strings / ``max_tokens``, and tell the listener what changed.
+
+        ``ended`` ("stop" / "length") is a finish a generation engine already decided at this token (its own
+        stop tokens); stop strings still take precedence, since they also cut the text.
+        """
         self.token_ids.append(choice.token)
         full = self.decode(self.token_ids)
         cut = min((i for i in (full.find(s) for s in self.params.stop) if i >= 0), default=-1)
         if cut >= 0:
             self.text, self.finish = full[:cut], "stop"
-        elif choice.token == self.eos_id and not self.params.ignore_eos:
+        elif (choice.token == self.eos_id and not self.params.ignore_eos) or ended == "stop":
             self.text, self.finish = full, "stop"
-        elif len(self.token_ids) >= self.params.max_tokens:
+        elif len(self.token_ids) >= self.params.max_tokens or ended == "length":
             self.text, self.finish = full, "length"
         else:
             self.text = full

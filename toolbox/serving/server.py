@@ -1,6 +1,8 @@
-"""The served model behind the routes: tokenizer, continuous batcher, weight version, and request plumbing.
+"""The served model behind the routes: tokenizer, batcher, weight version, and request plumbing.
 
-`ModelServer.start_choices` turns one request into ``n`` `Sequence` s on the batcher and returns an
+`ServedModel` is what every backend shares; `ModelServer` is the ``hf`` backend (continuous batching over a
+``transformers`` model) and `toolbox.serving.engine_backend.EngineServer` the one over any registered
+`InferenceEngine`. `ServedModel.start_choices` turns one request into ``n`` `Sequence` s on the batcher and returns an
 `asyncio.Queue` of ``(choice index, Delta)``; the routes in `toolbox.serving.app` read it either to the end (a
 JSON response) or as it fills (server-sent events).
 """
@@ -18,7 +20,7 @@ import torch
 from toolbox.models.loading import load_causal_lm, load_tokenizer
 from toolbox.serving.config import ServeConfig
 from toolbox.serving.protocol import ApiError
-from toolbox.serving.scheduler import ContinuousBatcher, QueueFull
+from toolbox.serving.scheduler import BatchLoop, ContinuousBatcher, QueueFull
 from toolbox.serving.sequence import Delta, SamplingParams, Sequence
 from toolbox.serving.weights import load_weights, state_digest
 
@@ -35,18 +37,22 @@ class Running:
             seq.cancelled = True
 
 
-class ModelServer:
-    """Loads the model once and owns its `ContinuousBatcher` for the life of the app."""
+class ServedModel:
+    """What the routes need of any backend: the tokenizer side (prompts, chat template, detokenising), request
+    ids, and turning one request into ``n`` `Sequence` s queued on ``batcher``.
+
+    A backend sets ``tokenizer``, ``vocab_size``, ``context`` and ``batcher`` and implements `load_weights` and
+    `digest`.
+    """
+
+    batcher: BatchLoop
 
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.model_id = config.model_id()
         self.tokenizer = load_tokenizer(config.model_dir(), config.trust_remote_code)
-        model = load_causal_lm(config.model_dir(), config.dtype, config.trust_remote_code)
-        self.model = model.to(config.device).eval()
-        self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 2048)
-        self.batcher = ContinuousBatcher(self.model, int(self.tokenizer.pad_token_id), config.max_batch_size,
-                                         config.max_queue)
+        self.vocab_size = 0
+        self.context = 2048
         self.version = 0
         self._seeds = random.Random(config.seed)
         self._ids = itertools.count()
@@ -64,10 +70,10 @@ class ModelServer:
         """Token ids of a text prompt; a token-id prompt is checked against the vocabulary."""
         if isinstance(prompt, str):
             return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        vocab = int(self.model.config.vocab_size)
-        bad = [t for t in prompt if not 0 <= t < vocab]
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
-            raise ApiError(400, f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", "prompt")
+            raise ApiError(400, f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})",
+                           "prompt")
         return list(prompt)
 
     def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -102,6 +108,29 @@ class ModelServer:
             raise ApiError(429, f"the server is busy: {err}; retry later", None, "queue_full",
                            "rate_limit_error") from err
         return running
+
+    def load_weights(self, payload: bytes) -> dict[str, int]:
+        """Load a full safetensors state dict between steps; ``{"loaded": tensors, "version": new version}``."""
+        raise NotImplementedError
+
+    def digest(self) -> dict[str, Any]:
+        """``{"sha256", "version"}`` of the served weights."""
+        raise NotImplementedError
+
+
+class ModelServer(ServedModel):
+    """The ``hf`` backend: loads the model once and owns its `ContinuousBatcher` for the life of the app."""
+
+    batcher: ContinuousBatcher
+
+    def __init__(self, config: ServeConfig) -> None:
+        super().__init__(config)
+        model = load_causal_lm(config.model_dir(), config.dtype, config.trust_remote_code)
+        self.model = model.to(config.device).eval()
+        self.vocab_size = int(self.model.config.vocab_size)
+        self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 2048)
+        self.batcher = ContinuousBatcher(self.model, int(self.tokenizer.pad_token_id), config.max_batch_size,
+                                         config.max_queue)
 
     def load_weights(self, payload: bytes) -> dict[str, int]:
         """Load a full safetensors state dict between decode steps; bump the version."""

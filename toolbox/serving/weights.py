@@ -7,18 +7,24 @@ The body is ``safetensors.torch.save(state_dict)`` of the full state dict, names
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
 import torch
 from safetensors.torch import load as load_safetensors
 from torch import nn
 
 
-def load_weights(model: nn.Module, payload: bytes) -> int:
-    """Load ``payload`` into ``model`` with ``strict=True``; the number of tensors loaded."""
+def read_payload(payload: bytes) -> dict[str, torch.Tensor]:
+    """The state dict in a request body; `ValueError` if it is not safetensors bytes."""
     try:
-        state = load_safetensors(payload)
+        return load_safetensors(payload)
     except Exception as err:  # safetensors raises its own SafetensorError for bad bytes
         raise ValueError(f"the body is not a safetensors file: {err}") from err
+
+
+def load_weights(model: nn.Module, payload: bytes) -> int:
+    """Load ``payload`` into ``model`` with ``strict=True``; the number of tensors loaded."""
+    state = read_payload(payload)
     check_fits(model, state)  # before loading: load_state_dict copies what matches before it raises
     model.load_state_dict(state, strict=True)
     return len(state)
@@ -37,8 +43,13 @@ def check_fits(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 def state_digest(model: nn.Module) -> str:
     """sha256 over every (name, dtype, shape, bytes) of ``model.state_dict()``, in name order."""
+    return digest_of(model.state_dict())
+
+
+def digest_of(state: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over every (name, dtype, shape, bytes) of ``state``, in name order."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(state.items()):
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)
         digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(flat.view(torch.uint8).numpy().tobytes())
