@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,13 +64,24 @@ def ray_head() -> Iterator[tuple[dict[str, str], str]]:
         shutil.rmtree(temp, ignore_errors=True)
 
 
+def submit_when_agent_ready(submit: list[str], env: dict[str, str], within_s: float = 90.0) -> subprocess.CompletedProcess:
+    """``ray job submit``, again while the new head's dashboard agent is still starting (a loaded machine):
+    Ray refuses such a job before creating it ("No available agent"), so a retry cannot run it twice."""
+    deadline = time.monotonic() + within_s
+    while True:
+        out = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=600)
+        if "No available agent to submit job" not in out.stderr or time.monotonic() > deadline:
+            return out
+        time.sleep(2.0)
+
+
 def test_ray_job_submit_runs_the_experiment(ray_head: tuple[dict[str, str], str], tmp_path: Path) -> None:
     env, address = ray_head
     runs = tmp_path / "runs"
     submit = [str(BIN / "ray"), "job", "submit", "--address", address, "--",
               sys.executable, "-m", "toolbox.run", "experiment=grpo_tiny", "rollout.num_workers=2",
               "trainer.total_steps=3", "trainer.eval_every=0", f"trainer.run_root={runs}"]
-    out = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=600)
+    out = submit_when_agent_ready(submit, env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (run_dir,) = [p for p in runs.iterdir() if p.name.startswith("grpo_tiny-")]
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

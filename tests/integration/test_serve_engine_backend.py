@@ -91,8 +91,12 @@ class FakeEngine:
         return self.pushed
 
 
-if FAKE not in ENGINES:
+@pytest.fixture(scope="module", autouse=True)
+def fake_engine() -> Iterator[None]:
+    """The fake engine is registered for this module only: the config reference and other tests never see it."""
     ENGINES.register(FAKE, config=FakeEngineConfig)(FakeEngine)
+    yield
+    ENGINES.unregister(FAKE)
 
 
 def _http(method: str, url: str, token: str, body: bytes | None = None) -> tuple[int, Any]:

@@ -183,3 +183,13 @@ def test_plugins_load_once_through_entry_points(monkeypatch: pytest.MonkeyPatch)
     assert reg.build({"name": "from_plugin"}) == "made by plugin"
     assert reg.names() == ["from_plugin"]
     assert groups == [registry_mod.PLUGIN_GROUP] and calls == ["plugin"]  # loaded exactly once
+
+
+def test_unregister_removes_an_entry_and_its_spec_model() -> None:
+    reg: Registry[Any] = Registry("widget")
+    reg.register("temp")(lambda: "t")
+    reg.spec_model("temp")
+    reg.unregister("temp")
+    assert "temp" not in reg and reg.names() == []
+    with pytest.raises(RegistryError, match="widget 'temp' is not registered"):
+        reg.unregister("temp")

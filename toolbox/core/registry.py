@@ -71,6 +71,13 @@ class Registry(Generic[T]):
 
         return deco
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a test's temporary entry), so later lookups, checks and docs no longer see it."""
+        if name not in self._entries:
+            raise RegistryError(f"{self.kind} {name!r} is not registered")
+        del self._entries[name]
+        self._spec_models.pop(name, None)
+
     def names(self) -> list[str]:
         load_plugins()
         return sorted(self._entries)
