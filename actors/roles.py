@@ -129,5 +129,5 @@ class OfflineLearnerGroup(LearnerGroupBase, OfflineLearnerRole):
 class EnvLearnerGroup(LearnerGroupBase, EnvLearnerRole):
     """Learner ranks of classic RL (`toolbox.algorithms.ppo_env.learner.PPOEnvLearner` in each)."""
 
-    def update(self, rollouts: Pending[EnvRollout]) -> Pending[Metrics]:
-        return self.broadcast("update", [r.batch for r in rollouts.result()])
+    def update(self, rollouts: Sequence[EnvRollout]) -> Pending[Metrics]:
+        return self.broadcast("update", [r.batch for r in rollouts])

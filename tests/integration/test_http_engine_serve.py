@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from toolbox.experiment import WORKER_ENV, ExperimentBuilder, resolve_model_path
 from toolbox.models.loading import load_causal_lm
 from toolbox.models.logprobs import response_logprobs
 from toolbox.rl.batch import PromptRequest
+from toolbox.serving.background import free_port
 from toolbox.serving.weights import state_digest
 
 pytestmark = pytest.mark.integration
@@ -39,12 +39,6 @@ TOKEN_ENV = "TOOLBOX_SERVE_ADMIN_TOKEN"
 TOKEN = "integration-admin-token"
 STEPS = 40
 NO_PROXY = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get_json(url: str) -> dict[str, Any]:

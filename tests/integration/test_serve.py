@@ -5,9 +5,6 @@ No Ray: the server runs in a background thread of the test process (uvicorn on a
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -23,25 +20,13 @@ pytest.importorskip("uvicorn")
 
 from safetensors.torch import save  # noqa: E402
 
+from tests.integration.serve_client import ADMIN, CHAT_TEMPLATE, KEY, MODEL, http_json  # noqa: E402
 from toolbox.models.loading import load_causal_lm  # noqa: E402
 from toolbox.models.logprobs import token_logprobs  # noqa: E402
 from toolbox.serving.app import create_app  # noqa: E402
 from toolbox.serving.background import free_port, serve_in_thread  # noqa: E402
 from toolbox.serving.config import ServeConfig  # noqa: E402
 from toolbox.serving.server import ModelServer  # noqa: E402
-
-KEY, ADMIN, MODEL = "sk-test", "admin-test", "tiny"
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
-
-
-def _http(method: str, url: str, token: str, body: bytes | None = None) -> tuple[int, Any]:
-    """(status, parsed JSON body) of one plain HTTP call with a bearer token."""
-    request = urllib.request.Request(url, data=body, method=method, headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
 
 
 @contextmanager
@@ -145,7 +130,7 @@ def test_bad_requests_get_openai_errors(client: openai.OpenAI) -> None:
 
 
 def test_unknown_route_is_404_in_openai_shape(served: tuple[str, ModelServer]) -> None:
-    status, body = _http("GET", served[0] + "/nothing", KEY)
+    status, body = http_json("GET", served[0] + "/nothing", KEY)
     assert status == 404 and body["error"]["message"] == "no route GET /v1/nothing"
 
 
@@ -176,12 +161,12 @@ def test_weight_update_changes_digest_and_outputs(tiny_model_dir: Path) -> None:
         greedy: dict[str, Any] = {"model": MODEL, "prompt": "12+34=", "max_tokens": 12, "temperature": 0.0,
                                   "extra_body": {"ignore_eos": True}}
         before_text = client.completions.create(**greedy).choices[0].text
-        before = _http("GET", f"{root}/v1/toolbox/weights/digest", KEY)[1]["sha256"]
-        assert _http("GET", f"{root}/v1/toolbox/info", KEY)[1]["weight_update"] is True
+        before = http_json("GET", f"{root}/v1/toolbox/weights/digest", KEY)[1]["sha256"]
+        assert http_json("GET", f"{root}/v1/toolbox/info", KEY)[1]["weight_update"] is True
         state = {k: (v + 0.5 * torch.randn_like(v)).contiguous() for k, v in model_server.model.state_dict().items()}
         body = save(state)
-        assert _http("POST", f"{root}/v1/toolbox/weights", KEY, body)[0] == 401  # the API key is not the admin token
-        assert _http("POST", f"{root}/v1/toolbox/weights", ADMIN, body) == (200, {"loaded": len(state), "version": 1})
-        after = _http("GET", f"{root}/v1/toolbox/weights/digest", KEY)[1]["sha256"]
+        assert http_json("POST", f"{root}/v1/toolbox/weights", KEY, body)[0] == 401  # the API key is not the admin token
+        assert http_json("POST", f"{root}/v1/toolbox/weights", ADMIN, body) == (200, {"loaded": len(state), "version": 1})
+        after = http_json("GET", f"{root}/v1/toolbox/weights/digest", KEY)[1]["sha256"]
         assert after != before
         assert client.completions.create(**greedy).choices[0].text != before_text

@@ -8,11 +8,8 @@ same backend and compares its greedy output with the continuous batcher's.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -29,6 +26,7 @@ pytest.importorskip("uvicorn")
 from pydantic import BaseModel, ConfigDict  # noqa: E402
 from safetensors.torch import save  # noqa: E402
 
+from tests.integration.serve_client import ADMIN, CHAT_TEMPLATE, KEY, MODEL, http_json  # noqa: E402
 from toolbox.engines.base import ENGINES, SamplingConfig  # noqa: E402
 from toolbox.engines.common import Sample, batch_from_samples  # noqa: E402
 from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest, RolloutBatch  # noqa: E402
@@ -40,8 +38,7 @@ from toolbox.serving.engine_backend import EngineServer  # noqa: E402
 from toolbox.serving.server import ModelServer, ServedModel  # noqa: E402
 from toolbox.serving.weights import digest_of  # noqa: E402
 
-KEY, ADMIN, MODEL, FAKE = "sk-test", "admin-test", "tiny", "fake_serve_test"
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
+FAKE = "fake_serve_test"
 DIGIT0, EOS = 4, 2  # the tiny char tokenizer: ids 4..13 are "0".."9", 2 is </s>
 
 
@@ -97,15 +94,6 @@ def fake_engine() -> Iterator[None]:
     ENGINES.register(FAKE, config=FakeEngineConfig)(FakeEngine)
     yield
     ENGINES.unregister(FAKE)
-
-
-def _http(method: str, url: str, token: str, body: bytes | None = None) -> tuple[int, Any]:
-    request = urllib.request.Request(url, data=body, method=method, headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
 
 
 @contextmanager
@@ -212,15 +200,15 @@ def test_concurrent_requests_share_generate_calls(fake_server: tuple[str, openai
 def test_weight_push_reaches_update_weights_and_digest(fake_server: tuple[str, openai.OpenAI, EngineServer]) -> None:
     url, _, server = fake_server
     root = url.removesuffix("/v1")
-    status, body = _http("GET", f"{root}/v1/toolbox/weights/digest", KEY)
+    status, body = http_json("GET", f"{root}/v1/toolbox/weights/digest", KEY)
     assert status == 404 and body["error"]["code"] == "digest_unsupported"
     state = {"a.weight": torch.arange(6.0).reshape(2, 3), "b.bias": torch.ones(4, dtype=torch.bfloat16)}
-    assert _http("POST", f"{root}/v1/toolbox/weights", ADMIN, save(state)) == (200, {"loaded": 2, "version": 1})
+    assert http_json("POST", f"{root}/v1/toolbox/weights", ADMIN, save(state)) == (200, {"loaded": 2, "version": 1})
     pushed = _engine(server).pushed
     assert pushed is not None and pushed.keys() == state.keys()
     assert all(torch.equal(pushed[k], v) for k, v in state.items())
-    assert _http("GET", f"{root}/v1/toolbox/weights/digest", KEY) == (200, {"sha256": digest_of(state), "version": 1})
-    assert _http("POST", f"{root}/v1/toolbox/weights", ADMIN, b"not safetensors")[0] == 400
+    assert http_json("GET", f"{root}/v1/toolbox/weights/digest", KEY) == (200, {"sha256": digest_of(state), "version": 1})
+    assert http_json("POST", f"{root}/v1/toolbox/weights", ADMIN, b"not safetensors")[0] == 400
 
 
 def test_hf_engine_through_the_engine_backend_matches_the_continuous_batcher(tiny_model_dir: Path) -> None:

@@ -124,12 +124,3 @@ def _pad(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
         return x
     filler = torch.full((x.shape[0], gap), value, dtype=x.dtype)
     return torch.cat([filler, x] if left else [x, filler], dim=1)
-
-
-def phase_seconds(batches: list[RolloutBatch], results: list[Any]) -> dict[str, float]:
-    """``generate_s`` / ``reward_s``: the longest engine and reward call of a step's shards (they run in parallel).
-
-    ``results`` are `RewardResult`s; their ``seconds`` is the reward call's duration.
-    """
-    return {"generate_s": max((b.seconds for b in batches), default=0.0),
-            "reward_s": max((float(getattr(r, "seconds", 0.0)) for r in results), default=0.0)}

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from toolbox.rewards.base import RewardResult
-from toolbox.rl.batch import RolloutBatch, phase_seconds
+from toolbox.rl.batch import RolloutBatch
 
 
 @dataclass
@@ -88,6 +88,12 @@ class StepRows:
         """The `StepPlan` fields of this step for ranks cut as ``cuts``: pass them on with ``**``."""
         return {"shard_rows": [len(s) for s in shards], "rank_rows": [self.kept[c] for c in cuts],
                 "response_width": self.response_width, "metrics": self.metrics}
+
+
+def phase_seconds(batches: list[RolloutBatch], results: list[RewardResult]) -> dict[str, float]:
+    """``generate_s`` / ``reward_s``: the longest engine and reward call of a step's shards (they run in parallel)."""
+    return {"generate_s": max((b.seconds for b in batches), default=0.0),
+            "reward_s": max((r.seconds for r in results), default=0.0)}
 
 
 def read_step(shards: list[RolloutBatch], results: list[RewardResult], keep_groups: list[int] | None) -> StepRows:

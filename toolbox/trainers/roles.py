@@ -98,4 +98,6 @@ class EnvRunnerRole(Role, Protocol):
 class EnvLearnerRole(CheckpointRole, Protocol):
     """Learners of classic RL: every rank reads every runner's (small) batch."""
 
-    def update(self, rollouts: Pending[EnvRollout]) -> Pending[Metrics]: ...
+    def update(self, rollouts: Sequence[EnvRollout]) -> Pending[Metrics]:
+        """Every rank trains on the runners' batches (refs inside ``rollouts``, which the loop already fetched)."""
+        ...

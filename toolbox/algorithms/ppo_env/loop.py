@@ -55,8 +55,7 @@ class PPOEnvTrainer(BaseTrainer):
 
     def train_step(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        pending = self.runners.rollout(self.algo.steps_per_env)
-        rollouts = pending.result()  # the episode stats; the batches stay in the object store
+        rollouts = self.runners.rollout(self.algo.steps_per_env).result()  # episode stats; batches stay in the store
         t1 = time.perf_counter()
         steps = sum(r.steps for r in rollouts)
         self.env_steps += steps
@@ -64,7 +63,7 @@ class PPOEnvTrainer(BaseTrainer):
         self.returns.extend(finished)
         self.lengths.extend(x for r in rollouts for x in r.lengths)
         self.bus.emit(Event.ROLLOUT_END, {"step": step + 1, "rows": steps})
-        update = self.learner.update(pending)
+        update = self.learner.update(rollouts)
         wait(update)
         metrics = mean_over_ranks(update.result())
         t2 = time.perf_counter()
