@@ -4,14 +4,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
 
-.PHONY: setup run test test-fast lint bench docs clean
+.PHONY: setup run test test-fast lint bench docs docs-site clean
 
 $(STAMP): pyproject.toml setup.py  # setup.py maps actors/ and configs/ into the (editable) install
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch first: a looser requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test,tensorboard,serve]"
+	$(BIN)/pip install -q -e ".[test,tensorboard,serve,docs,wandb,mlflow,optuna]"
 	rm -f $(VENV)/.installed-* && touch $@
 
 setup: $(STAMP)
@@ -39,5 +39,8 @@ bench: setup
 docs: setup  ## regenerate the configuration reference and component catalog
 	$(BIN)/python -m toolbox.cli docs
 
+docs-site: setup  ## build the documentation site into site/ (MkDocs, strict: a broken link or a page left out fails)
+	$(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) runs site .pytest_cache .mypy_cache .ruff_cache

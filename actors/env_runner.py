@@ -42,3 +42,10 @@ class EnvRunnerWorker:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in self.runner.model.state_dict().items()}
+
+    def get_state(self) -> dict[str, Any]:
+        """The runner's episodes in progress and its action-sampling generator, for a checkpoint."""
+        return self.runner.get_state()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.runner.set_state(state)

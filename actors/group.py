@@ -21,13 +21,14 @@ hanging.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from toolbox.core.errors import WorkerError
 from toolbox.core.pending import Pending, T, deadlines
@@ -113,32 +114,64 @@ class WorkerGroup:
 
     def __init__(self, role: str, cls: type, num_workers: int, make_kwargs: Callable[[int], dict[str, Any]],
                  timeout_s: float, cpus: float = 1.0, gpus: float = 0.0, env: dict[str, str] | None = None,
-                 placement_timeout_s: float = 60.0, placement: tuple[PlacementGroup, int] | None = None) -> None:
+                 placement_timeout_s: float = 60.0, placement: tuple[PlacementGroup, int] | None = None,
+                 resources: dict[str, float] | None = None, strategy: str = "PACK", max_restarts: int = 0) -> None:
         """``placement=(pg, first)`` puts the actors in bundles ``first..first+n-1`` of an existing placement
-        group (a Tune trial's); otherwise the group reserves a placement group of its own."""
+        group (a Tune trial's); otherwise the group reserves a placement group of its own with ``strategy``.
+        ``resources``: custom Ray resources each actor needs (in its bundle too).
+
+        ``max_restarts > 0`` makes the workers self-healing: Ray restarts a dead one (up to that many times in
+        all, per worker) and runs its unfinished calls again on the new process, which gets a ``supervisor``
+        keyword (`toolbox.actors.supervisor`) to recover what its predecessor had loaded. Past the bound, a
+        call on the dead worker fails as without restarts."""
         self.role, self.timeout_s = role, timeout_s
         self.nodes: list[str | None] = [None] * num_workers
         self.owns_pg = placement is None
+        self.resources = dict(resources or {})
         if placement is None:
-            self.pg, first = self._reserve(num_workers, cpus, gpus, placement_timeout_s), 0
+            self.pg, first = self._reserve(num_workers, cpus, gpus, placement_timeout_s, strategy), 0
         else:
             self.pg, first = placement
+        self.supervisor, name = _start_supervisor(role) if max_restarts else (None, "")
+        healing = {"supervisor": name} if name else {}
         remote_cls = ray.remote(cls)
-        self.actors = [
-            remote_cls.options(
-                num_cpus=cpus, num_gpus=gpus, max_restarts=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, first + i),
-                runtime_env={"env_vars": env or {}},
-            ).remote(**make_kwargs(i))
-            for i in range(num_workers)
-        ]
-        # Start-up (model loading) is bounded by the longer of the two budgets.
-        infos = self.call("ready", timeout_s=max(timeout_s, placement_timeout_s))
-        self.nodes = [info.get("node_ip") for info in infos]
+        self.start_s = max(timeout_s, placement_timeout_s)  # start-up (model loading): the longer of the two budgets
+        self.spawn = lambda i: remote_cls.options(
+            num_cpus=cpus, num_gpus=gpus, resources=self.resources,
+            max_restarts=max_restarts, max_task_retries=-1 if max_restarts else 0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, first + i),
+            runtime_env={"env_vars": env or {}},
+        ).remote(**make_kwargs(i), **healing)
+        self.actors = [self.spawn(i) for i in range(num_workers)]
+        self.replacements, self.max_replacements = 0, 0  # `replace_all`: times done, times allowed
+        self.on_replace: Callable[[WorkerGroup], None] | None = None  # sets new workers up as at start
+        self._started()
 
-    def _reserve(self, n: int, cpus: float, gpus: float, timeout_s: float) -> PlacementGroup:
-        bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
-        pg = placement_group([bundle] * n, strategy="PACK")
+    def _started(self) -> None:
+        infos = self.call("ready", timeout_s=self.start_s)
+        self.nodes[:] = [info.get("node_ip") for info in infos]  # in place: pendings name nodes from this list
+        self.node_ids = [info.get("node_id") for info in infos]
+        # (placement group id, bundle index) each actor reports it runs in (`toolbox.actors.resolve.placement_info`)
+        self.bundles = [(info.get("placement_group"), info.get("bundle")) for info in infos]
+
+    def replace_all(self) -> bool:
+        """Kill every worker and start new ones in the same bundles with the same arguments, then run
+        ``on_replace`` (for ranks that only work together, like learner ranks in one process group: one cannot
+        come back alone). ``False`` (nothing done) once ``max_replacements`` are spent."""
+        if self.replacements >= self.max_replacements:
+            return False
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = [self.spawn(i) for i in range(len(self.actors))]
+        self.replacements += 1
+        self._started()
+        if self.on_replace is not None:
+            self.on_replace(self)
+        return True
+
+    def _reserve(self, n: int, cpus: float, gpus: float, timeout_s: float, strategy: str) -> PlacementGroup:
+        bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {}), **self.resources}
+        pg = placement_group([bundle] * n, strategy=strategy)
         try:
             ray.get(pg.ready(), timeout=timeout_s)
         except GetTimeoutError:
@@ -146,8 +179,12 @@ class WorkerGroup:
             raise WorkerError(self.role, -1, None, f"placement group of {n} x {bundle} was not scheduled within "
                               f"{timeout_s}s; free: {ray.available_resources().get('CPU', 0):.2f} of "
                               f"{ray.cluster_resources().get('CPU', 0):.2f} CPUs (lower {self.role}.cpus_per_worker "
-                              "or add nodes)") from None
+                              f"or add nodes{self._missing_resources()})") from None
         return pg
+
+    def _missing_resources(self) -> str:
+        missing = sorted(k for k in self.resources if k not in ray.cluster_resources())
+        return f"; no node offers the custom resources {missing} of ray.placement.{self.role}" if missing else ""
 
     def __len__(self) -> int:
         return len(self.actors)
@@ -162,11 +199,30 @@ class WorkerGroup:
              timeout_s: float | None = None) -> list[Any]:
         return self.submit(method, args_list, ranks, timeout_s).result()
 
+    def restarts(self) -> int:
+        """Restarts so far: of one worker by Ray (restarted ranks' nodes are refreshed), of all by `replace_all`."""
+        if self.supervisor is None:
+            return self.replacements
+        count, nodes = ray.get(self.supervisor.report.remote(), timeout=self.timeout_s)
+        for rank, node in nodes.items():
+            self.nodes[rank] = node  # the list every Pending of this group names nodes from
+        return int(count) + self.replacements
+
     def shutdown(self) -> None:
-        for actor in self.actors:
+        for actor in self.actors + ([self.supervisor] if self.supervisor is not None else []):
             ray.kill(actor, no_restart=True)
         if self.owns_pg:
             remove_placement_group(self.pg)
+
+
+def _start_supervisor(role: str) -> tuple[Any, str]:
+    """A group's `Supervisor` (handle, unique name) on the driver's node (it must outlive the workers it helps),
+    outside any placement group (it reserves no CPU)."""
+    from .supervisor import Supervisor
+
+    name = f"toolbox-supervisor-{role}-{uuid.uuid4().hex[:12]}"
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    return ray.remote(Supervisor).options(name=name, num_cpus=0, scheduling_strategy=here).remote(), name
 
 
 class LocalGroup:
@@ -195,6 +251,12 @@ class LocalGroup:
     def call(self, method: str, args_list: Sequence[Args] | None = None, ranks: Sequence[int] | None = None,
              timeout_s: float | None = None) -> list[Any]:
         return self.submit(method, args_list, ranks).result()
+
+    def restarts(self) -> int:
+        return 0  # in-process workers are never restarted
+
+    def replace_all(self) -> bool:
+        return False
 
     def shutdown(self) -> None:
         return None

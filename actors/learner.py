@@ -23,9 +23,13 @@ import torch
 import torch.distributed as dist
 
 from toolbox.core.seeding import seed_everything
+from toolbox.learner.strategy import backend_for, peak_memory_gb, resolve_device
+from toolbox.models.loading import load_tokenizer
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import RolloutBatch
 from toolbox.rl.plan import StepPlan
+from toolbox.tracing.entries import StepSamples, TraceRequest
+from toolbox.tracing.record import sample_traces
 
 from .resolve import node_info, resolve, share
 
@@ -34,11 +38,14 @@ class LearnerWorker:
     """Joins the process group, builds the learner, and forwards calls with object refs resolved."""
 
     def __init__(self, rank: int, world_size: int, build: Callable[[], Any], distributed: bool,
-                 backend: str = "auto", torch_threads: int = 1, seed: int = 0) -> None:
+                 backend: str = "auto", torch_threads: int = 1, seed: int = 0, device: str = "auto") -> None:
         torch.set_num_threads(torch_threads)
         self.rank, self.world_size = rank, world_size
         self.build, self.distributed, self.backend, self.seed = build, distributed, backend, seed
+        # The GPU Ray assigned this actor (CUDA_VISIBLE_DEVICES) is cuda:0 here; no GPU reserved: cpu.
+        self.device = resolve_device(device)
         self.learner: Any = None
+        self.tokenizer: Any = None  # rank 0 decodes recorded samples with the policy's tokenizer
 
     def ready(self) -> dict[str, str]:
         return node_info()
@@ -53,9 +60,7 @@ class LearnerWorker:
 
     def setup(self, addr: str, port: int, timeout_s: float) -> None:
         if self.distributed:
-            # Learners keep their models on the CPU in this release (no device placement yet), so 'auto'
-            # is gloo even where CUDA is visible: nccl would fail on CPU tensors.
-            backend = "gloo" if self.backend == "auto" else self.backend
+            backend = backend_for(self.backend, self.device)  # auto: nccl on cuda, gloo on cpu
             os.environ.setdefault("MASTER_ADDR", addr)
             dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
                                     world_size=self.world_size, timeout=timedelta(seconds=timeout_s))
@@ -63,11 +68,26 @@ class LearnerWorker:
         self.learner = self.build()
 
     def plan(self, shard_refs: list[ray.ObjectRef], reward_refs: list[ray.ObjectRef],
-             keep_groups: list[int] | None) -> StepPlan:
-        """Rank 0 only: fetch the whole step and let the learner plan it (group statistics, each rank's rows)."""
+             keep_groups: list[int] | None, trace: TraceRequest | None = None) -> StepPlan:
+        """Rank 0 only: fetch the whole step and let the learner plan it (group statistics, each rank's rows).
+
+        With ``trace``, the plan also carries a few recorded samples (decoded here: rank 0 has read the step).
+        """
         shards: list[RolloutBatch] = resolve(shard_refs)
         rewards: list[RewardResult] = resolve(reward_refs)
-        return self._learner.plan(shards, rewards, keep_groups)
+        plan = self._learner.plan(shards, rewards, keep_groups)
+        if trace is not None:
+            plan.samples = sample_traces(trace, shards, rewards, plan, self._tokenizer())
+        return plan
+
+    def samples(self, plan: StepPlan) -> StepSamples | None:
+        """The samples ``plan`` recorded (rank 0's own plan: Ray resolved the ref in this process's store)."""
+        return plan.samples
+
+    def _tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(self._learner.policy.source)
+        return self.tokenizer
 
     def update_planned(self, plan: StepPlan, shard_refs: list[ray.ObjectRef]) -> dict[str, float]:
         """Online step: ``learner.update(plan, shards)`` with only the shards ``plan`` assigns this rank fetched
@@ -76,7 +96,7 @@ class LearnerWorker:
         mine = plan.shards_for(self.rank)
         fetched = resolve([shard_refs[i] for i in mine])
         metrics = self._learner.update(plan, dict(zip(mine, fetched)))
-        return {**metrics, "train_s": time.perf_counter() - start}
+        return {**metrics, "train_s": time.perf_counter() - start, "peak_mem_gb": peak_memory_gb(self.device)}
 
     def update(self, *args: Any) -> dict[str, float]:
         """``learner.update`` with every ref (or list of refs) argument fetched first (offline step index, env

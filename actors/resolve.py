@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import ray
@@ -30,4 +31,21 @@ def node_info() -> dict[str, str]:
     """Where this process runs, for error messages."""
     if not ray.is_initialized():
         return {"node_ip": "local"}
-    return {"node_id": ray.get_runtime_context().get_node_id()[:12], "node_ip": ray.util.get_node_ip_address()}
+    info = {"node_id": ray.get_runtime_context().get_node_id()[:12], "node_ip": ray.util.get_node_ip_address()}
+    return {**info, **placement_info()}
+
+
+def placement_info() -> dict[str, str]:
+    """The placement group (hex id) and bundle index this actor runs in, when it runs in one.
+
+    Ray names the resources of bundle i of a placement group ``<resource>_group_<i>_<pg id>``; the worker's
+    assigned resource ids carry those names (Ray has no public call for the bundle index)."""
+    pg = ray.get_runtime_context().get_placement_group_id()
+    if pg is None:
+        return {}
+    try:
+        names = ray._private.worker.global_worker.core_worker.resource_ids()
+    except AttributeError:  # a private Ray API: never let it break an actor's start-up report
+        names = {}
+    index = next((m.group(1) for m in map(re.compile(rf"_group_(\d+)_{pg}$").search, names) if m), "")
+    return {"placement_group": pg, "bundle": index}

@@ -9,6 +9,7 @@ exported. Each facade states its conformance by subclassing the Protocol it impl
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ from toolbox.core.pending import Pending
 from toolbox.engines.base import SamplingConfig
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import PromptRequest, RolloutBatch
+from toolbox.tracing.entries import StepSamples, TraceRequest
 from toolbox.trainers.roles import (
     EnvLearnerRole,
     EnvRollout,
@@ -31,6 +33,7 @@ from toolbox.trainers.roles import (
 from .group import LocalGroup, WorkerGroup
 
 Group = WorkerGroup | LocalGroup
+log = logging.getLogger(__name__)
 
 
 class RoleGroup:
@@ -45,6 +48,22 @@ class RoleGroup:
     def broadcast(self, method: str, *args: Any) -> Pending[Any]:
         """The same call on every rank (collective methods of learner ranks, weight loads of engines)."""
         return self.group.submit(method, [args] * len(self.group))
+
+    def states(self) -> list[Any]:
+        """Each worker's ``get_state()`` (RNG streams and the like, for a checkpoint), in rank order."""
+        return list(self.broadcast("get_state").result())
+
+    def load_states(self, states: list[Any]) -> None:
+        """Worker ``i`` gets ``states[i]`` back; with another worker count the saved states are not restored."""
+        if len(states) != len(self):
+            log.warning("%s: the checkpoint holds the state of %d workers, this run has %d: their RNG streams "
+                        "start fresh, so the resumed run is not bit-exact", self.group.role, len(states), len(self))
+            return
+        self.group.submit("set_state", [(s,) for s in states]).result()
+
+    def restarts(self) -> int:
+        """How many times a worker of this role died and was restarted (self-healing groups; 0 otherwise)."""
+        return self.group.restarts()
 
     def shutdown(self) -> None:
         self.group.shutdown()
@@ -61,9 +80,12 @@ class EngineGroup(RoleGroup):
 class RolloutGroup(EngineGroup, RolloutRole):
     """Rollout workers (`toolbox.actors.rollout.RolloutWorker`)."""
 
-    def generate(self, shards: Sequence[list[PromptRequest]], sampling: SamplingConfig) -> Pending[RolloutBatch]:
-        """Shard ``i`` goes to worker ``i % n``; each call's result is the batch itself (kept in the object store)."""
-        return self.group.submit("generate", [(shard, sampling) for shard in shards], bulk=True)
+    def generate(self, shards: Sequence[list[PromptRequest]], sampling: SamplingConfig,
+                 sleep_after: bool = False) -> Pending[RolloutBatch]:
+        """Shard ``i`` goes to worker ``i % n``; each call's result is the batch itself (kept in the object store).
+        ``sleep_after``: the engine sleeps before the batch is handed back (`RolloutRole.generate`)."""
+        tail = (True,) if sleep_after else ()
+        return self.group.submit("generate", [(shard, sampling, *tail) for shard in shards], bulk=True)
 
 
 class EnvRunnerGroup(EngineGroup, EnvRunnerRole):
@@ -96,6 +118,11 @@ class LearnerGroupBase(RoleGroup):
     def load(self, path: str) -> int:
         return int(self.broadcast("load", path).result()[0])
 
+    def restart(self) -> bool:
+        """Every rank anew, joined in a new process group (``learner.max_restarts`` bounds it); ``False``: not
+        done (spent, or in-process). The caller loads a checkpoint into them."""
+        return self.group.replace_all()
+
     def export_weights(self) -> Pending[WeightRefs]:
         """Every rank takes part in gathering the full weights; rank 0's result holds the bucket refs."""
         return self.broadcast("export_weights")
@@ -108,11 +135,23 @@ class LearnerGroupBase(RoleGroup):
 class PolicyLearnerGroup(LearnerGroupBase, PolicyLearnerRole):
     """Learner ranks of an online policy algorithm (`toolbox.actors.learner.LearnerWorker`)."""
 
+    _plan: Pending[Any] | None = None  # the last update's plan (rank 0's), which holds its recorded samples
+
     def update(self, batches: Pending[RolloutBatch], rewards: Pending[RewardResult],
-               keep_groups: list[int] | None = None) -> Pending[Metrics]:
-        """Rank 0 plans the step once (group statistics, each rank's rows); every rank then fetches its own rows."""
-        plan = self.group.submit("plan", [(batches.handles, rewards.handles, keep_groups)], ranks=[0])
-        return self.broadcast("update_planned", plan.handles[0], batches.handles)
+               keep_groups: list[int] | None = None, trace: TraceRequest | None = None) -> Pending[Metrics]:
+        """Rank 0 plans the step once (group statistics, each rank's rows); every rank then fetches its own rows.
+
+        With ``trace``, rank 0's plan also records a few samples; `samples` hands them back.
+        """
+        args = (batches.handles, rewards.handles, keep_groups) + (() if trace is None else (trace,))
+        self._plan = self.group.submit("plan", [args], ranks=[0])
+        return self.broadcast("update_planned", self._plan.handles[0], batches.handles)
+
+    def samples(self) -> Pending[StepSamples | None]:
+        """Rank 0 hands back the samples its last plan recorded (a small call, queued after its update)."""
+        if self._plan is None:
+            raise RuntimeError("samples() before any update(): there is no plan to take them from")
+        return self.group.submit("samples", [(self._plan.handles[0],)], ranks=[0])
 
 
 class OfflineLearnerGroup(LearnerGroupBase, OfflineLearnerRole):

@@ -8,35 +8,74 @@ from typing import Any
 
 import torch
 
+from toolbox.core.seeding import rng_state, set_rng_state
 from toolbox.engines import SamplingConfig
+from toolbox.engines.base import sleep_engine, wake_engine
 from toolbox.rl.batch import PromptRequest, RolloutBatch
 
 from .resolve import node_info, resolve
+from .supervisor import recover, remember
 
 
 class RolloutWorker:
     """Generates rollouts and loads new weights; the driver only ever holds refs to its batches."""
 
-    def __init__(self, rank: int, build: Callable[[int], Any], torch_threads: int = 1) -> None:
+    def __init__(self, rank: int, build: Callable[[int], Any], torch_threads: int = 1,
+                 supervisor: str | None = None) -> None:
+        """``supervisor`` (the name of a restartable group's `Supervisor`): after a restart by Ray, the weights
+        this rank had loaded are loaded again before any retried call runs."""
         torch.set_num_threads(torch_threads)
-        self.rank = rank
+        self.rank, self.supervisor = rank, supervisor
         self.engine = build(rank)
+        self.asleep = False  # `sleep` / `wake`: a colocated engine frees its memory while the learner trains
+        previous = recover(supervisor, rank)
+        if previous:
+            self.engine.update_weights(resolve(previous))
 
     def ready(self) -> dict[str, str]:
         return node_info()
 
-    def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
-        """The batch itself: Ray stores it, and the driver passes the ref on to reward and learner calls."""
+    def generate(self, requests: list[PromptRequest], sampling: SamplingConfig, sleep_after: bool = False) -> RolloutBatch:
+        """The batch itself: Ray stores it, and the driver passes the ref on to reward and learner calls.
+        ``sleep_after``: the engine sleeps before the batch is returned, so whatever waits for the batch (the
+        colocated learner's update) starts with the engine's memory free."""
+        self.wake()
         start = time.perf_counter()
         batch = self.engine.generate(requests, sampling)
         batch.seconds = time.perf_counter() - start
+        if sleep_after:
+            self.sleep()
         return batch
 
     def update_weights(self, bucket_refs: list[Any]) -> float:
         """Load the exported buckets; returns the seconds it took."""
+        self.wake()  # the weights go into an awake engine (vLLM's level-1 sleep keeps them on the host meanwhile)
         start = time.perf_counter()
         self.engine.update_weights(resolve(bucket_refs))
+        remember(self.supervisor, self.rank, bucket_refs)
         return time.perf_counter() - start
+
+    def sleep(self) -> None:
+        """Free the engine's accelerator memory (a no-op for engines without `sleep`)."""
+        if not self.asleep:
+            sleep_engine(self.engine)
+            self.asleep = True
+
+    def wake(self) -> None:
+        """Take the memory back if asleep. generate and update_weights call it first, so the wake of a step is
+        chained behind the learner's export (update_weights waits for it) and a step retried after a failure never
+        finds a sleeping engine."""
+        if self.asleep:
+            wake_engine(self.engine)
+            self.asleep = False
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.engine.state_dict()
+
+    def get_state(self) -> dict[str, Any]:
+        """This process's RNG streams, for a checkpoint: the hf engine samples with the global torch generator
+        (seeded once at start), so these are the rollout sampling state."""
+        return {"rng": rng_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        set_rng_state(state["rng"])

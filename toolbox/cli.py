@@ -1,8 +1,9 @@
 """The ``toolbox`` command: ``toolbox COMMAND [args ...]`` (also ``python -m toolbox.cli COMMAND ...``).
 
-``run``, ``tune``, ``eval``, ``export`` and ``bench`` hand their arguments, unchanged, to the ``main(argv)`` of
-``toolbox.run``, ``toolbox.tune``, ``toolbox.eval``, ``toolbox.export`` and ``toolbox.bench`` (each also runs as
-``python -m toolbox.X``). The rest live here: generated docs and introspection.
+``run``, ``tune``, ``eval``, ``export``, ``plot`` and ``bench`` hand their arguments, unchanged, to the ``main(argv)``
+of ``toolbox.run``, ``toolbox.tune``, ``toolbox.eval``, ``toolbox.export``, ``toolbox.plot`` and ``toolbox.bench``
+(each also runs as ``python -m toolbox.X``); so does ``deploy`` (``toolbox.deploy``, a KubeRay RayJob of an
+experiment or sweep). The rest live here: generated docs and introspection.
 
 - ``docs``: write docs/configuration.md (every config field) and docs/components.md (every registry entry).
 - ``components``: print the registries.
@@ -123,6 +124,8 @@ def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
 
 def registries() -> dict[str, Any]:
     from toolbox import engines, rewards  # noqa: F401
+    from toolbox.agents.env import TEXT_ENVS
+    from toolbox.agents.tools import TOOLS
     from toolbox.algorithms import ALGORITHMS
     from toolbox.callbacks import CALLBACKS
     from toolbox.data.tasks import TASKS
@@ -132,7 +135,8 @@ def registries() -> dict[str, Any]:
     from toolbox.rl.advantages import ADVANTAGES
 
     return {"algorithm": ALGORITHMS, "engine": ENGINES, "reward": REWARDS, "task": TASKS,
-            "objective": OBJECTIVES, "advantage": ADVANTAGES, "callback": CALLBACKS}
+            "objective": OBJECTIVES, "advantage": ADVANTAGES, "callback": CALLBACKS, "text_env": TEXT_ENVS,
+            "tool": TOOLS}
 
 
 def components_markdown() -> str:
@@ -175,7 +179,11 @@ COMMANDS: dict[str, Command] = {
     "eval": Command("toolbox.eval:main", "score a model or a run's policy on a task's eval split (pass@k, mean reward)"),
     "export": Command("toolbox.export:main", "write a run's checkpoint as a Hugging Face model directory: RUN_DIR OUT_DIR"),
     "serve": Command("toolbox.serve:main", "an OpenAI-compatible server of a model or run: model=DIR_OR_RUN [port=8000 ...]"),
+    "plot": Command("toolbox.plot:main", "one dashboard PNG of runs (reward, loss, KL, length, step time): RUN_DIR ... [-o OUT.png]"),
+    "traces": Command("toolbox.traces:main", "a run's recorded samples as an SFT or DPO dataset: RUN_DIR --to sft|dpo OUT.jsonl"),
     "bench": Command("toolbox.bench.__main__:main", "benchmarks against TRL / RLlib and of weight sync: NAME [options]"),
+    "deploy": Command("toolbox.deploy:main", "render a KubeRay RayJob sized from an experiment or sweep: render "
+                      "experiment=NAME|sweep=NAME [a.b.c=value ...] [--image IMG]"),
     "config": Command("toolbox.cli:config_command", "print an experiment's resolved config as YAML: [experiment=NAME|PATH] [a.b.c=value ...]"),
     "docs": Command("toolbox.cli:docs_command", "regenerate docs/configuration.md and docs/components.md"),
     "components": Command("toolbox.cli:components_command", "print every name a config can select (algorithms, engines, rewards, ...)"),

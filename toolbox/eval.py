@@ -124,10 +124,10 @@ def eval_groups(cfg: Any, model_path: str) -> Iterator[tuple[Any, Any]]:
     if use_ray:
         import ray
 
-        from toolbox.experiment import ray_init_kwargs
+        from toolbox.experiment import connect_ray
 
         if not ray.is_initialized():
-            ray.init(**ray_init_kwargs(cfg))
+            connect_ray(cfg)
             started = True
     groups = []
     try:

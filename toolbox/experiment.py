@@ -9,21 +9,28 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import hashlib
+import json
 import os
+import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from toolbox.callbacks import CALLBACKS
 from toolbox.config.algorithm import AlgorithmConfig
 from toolbox.config.loader import dump_config
-from toolbox.config.schema import ExperimentConfig, TrainerConfig
+from toolbox.config.schema import ExperimentConfig, RolePlacement, TrainerConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.events import EventBus
+from toolbox.data.offline import OfflineDataConfig
 from toolbox.data.tasks import TASKS
 from toolbox.models.tiny import ensure_tiny_model
+from toolbox.trainers.checkpoints import latest_checkpoint, resolve_resume
 
 A = TypeVar("A", bound=AlgorithmConfig)
+SELF_HEALING_ROLES = ("rollout", "reward")  # their workers take a `supervisor` (toolbox.actors.supervisor)
 
 # Quiet worker processes: transformers' load/save bars would drown the run's own progress.
 WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -72,13 +79,30 @@ def check_model_path(path: str, trust_remote_code: bool = False) -> None:
                           f"config.json, or a hub id): {str(err).splitlines()[0]}") from None
 
 
+def check_specs(cfg: ExperimentConfig) -> None:
+    """What only building a component or asking its server tells, on the driver before Ray starts: the reward
+    builds (a factory that fails would otherwise fail 20 s later inside every reward worker), and a training
+    run's engine can take weight updates (the http engine asks its server). A reward factory is expected to
+    be light (imports, compiled patterns); one that loads a model should do so on its first call."""
+    from toolbox.rewards import REWARDS
+
+    if "reward" in cfg.algorithm.roles:
+        try:
+            REWARDS.build(cfg.reward.spec)
+        except Exception as err:  # any factory failure is a config problem of reward.spec; say which
+            raise ConfigError(f"reward.spec: {cfg.reward.spec.name!r} cannot be built: {type(err).__name__}: {err}") \
+                from None
+    check_training = getattr(cfg.rollout.engine, "check_training", None)
+    if "rollout" in cfg.algorithm.roles and check_training is not None:
+        check_training(probe=True)
+
+
 def find_resume(target: str) -> str:
-    """A run directory resumes from its latest checkpoint; a ``step_*`` directory from itself."""
+    """A run directory: its newest complete checkpoint (never a partial one); anything else: itself."""
     if not target:
         return ""
-    path = Path(target)
-    steps = sorted((path / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    return str(steps[-1] if steps else path)
+    latest = latest_checkpoint(Path(target))
+    return str(latest if latest else target)
 
 
 class ExperimentBuilder:
@@ -88,11 +112,19 @@ class ExperimentBuilder:
         self.cfg = cfg
         if cfg.model.tiny is None and cfg.model.path:  # a user's model: fail here, before Ray and the run dir
             check_model_path(cfg.model.path, cfg.model.trust_remote_code)
+        check_specs(cfg)
         self.run_dir = make_run_dir(cfg)
+        if isinstance(cfg.algorithm, OfflineDataConfig) and (cfg.algorithm.dataset or cfg.algorithm.eval_dataset):
+            from toolbox.models.loading import load_tokenizer
+
+            cfg.algorithm.check_rows(cfg.data, load_tokenizer(self.model_path))  # tokenised records, before Ray
+        self.resume_from = resolve_resume(cfg.trainer.resume_from, self.run_dir)  # a bad target fails here, early
         dump_config(cfg, self.run_dir / "config.yaml")
         self.groups: list[Any] = []
         self.placement: Any = None  # a Tune trial's placement group, when its actors must live inside it
         self.first_bundle: dict[str, int] = {}
+        self.nodes: dict[str, list[str | None]] = {}  # role -> the Ray node id of each of its actors
+        self._colocated_pg: Any = None  # rollout.placement: colocate: the placement group rollout and learner share
 
     def use_placement_group(self, pg: Any) -> None:
         """Place every role's actors in bundles of ``pg``, laid out as `trial_bundles` describes."""
@@ -115,10 +147,40 @@ class ExperimentBuilder:
             group: Any = LocalGroup(role, [cls(**make_kwargs(r)) for r in range(n)])
         else:
             placement = None if self.placement is None else (self.placement, self.first_bundle[role])
+            if self.colocated(role):
+                placement = (self.colocated_pg(), 0)  # bundle i: rollout worker i and learner rank i
+            where = self.cfg.ray.placement.get(role, RolePlacement())
             group = WorkerGroup(role, cls, n, make_kwargs, timeout_s, cpus, gpus, WORKER_ENV,
-                                self.cfg.ray.placement_timeout_s, placement)
+                                self.cfg.ray.placement_timeout_s, placement, where.resources, where.strategy,
+                                max_restarts=self.max_restarts(role))
+            self.nodes[role] = list(group.node_ids)
+            (self.run_dir / "nodes.json").write_text(json.dumps(self.nodes, indent=1))
         self.groups.append(group)
         return group
+
+    def colocated(self, role: str) -> bool:
+        """Whether ``role``'s actors go into the shared bundles of ``rollout.placement: colocate``."""
+        from toolbox.engines.placement import COLOCATED_ROLES
+
+        if self.cfg.rollout.placement != "colocate" or role not in COLOCATED_ROLES:
+            return False
+        if self.placement is not None:
+            raise ConfigError("rollout.placement: colocate is not supported inside a Tune trial (the trial's placement "
+                              "group gives every actor a bundle of its own); use placement: split")
+        return True
+
+    def colocated_pg(self) -> Any:
+        """The shared placement group of a colocated run, reserved by the first of its roles to start."""
+        from toolbox.engines.placement import reserve_colocated
+
+        if self._colocated_pg is None:
+            self._colocated_pg = reserve_colocated(self.cfg)
+        return self._colocated_pg
+
+    def max_restarts(self, role: str) -> int:
+        """Ray restarts of a dead worker: rollout and reward workers heal (``<role>.max_restarts``); the others'
+        state (learner shards, env episodes) cannot be rebuilt by a restart alone, so their death fails the run."""
+        return getattr(self.cfg, role).max_restarts if role in SELF_HEALING_ROLES else 0
 
     def learner_group(self, build: Callable[[], Any]) -> Any:
         """The learner ranks, joined into one torch.distributed group, each holding ``build()``."""
@@ -126,11 +188,14 @@ class ExperimentBuilder:
 
         lc = self.cfg.learner
         kwargs = lambda r: dict(rank=r, world_size=lc.num_workers, build=build, distributed=lc.strategy != "single",  # noqa: E731
-                                backend=lc.backend, torch_threads=lc.torch_threads, seed=self.cfg.trainer.seed)
+                                backend=lc.backend, torch_threads=lc.torch_threads, seed=self.cfg.trainer.seed,
+                                device=lc.device)
         group = self.group("learner", LearnerWorker, lc.num_workers, kwargs, lc.timeout_s, lc.cpus_per_worker,
                            lc.gpus_per_worker)
-        addr, port = group.call("rendezvous", [()], ranks=[0])[0]
-        group.call("setup", [(addr, port, lc.timeout_s)] * len(group))
+        join_process_group(group, lc.timeout_s)
+        if not self.cfg.ray.local_mode:  # a dead rank: every rank anew, joined again (`PolicyLearnerGroup.restart`)
+            group.max_replacements = lc.max_restarts
+            group.on_replace = functools.partial(join_process_group, timeout_s=lc.timeout_s)
         return group
 
     def algorithm(self, cls: type[A]) -> A:
@@ -141,11 +206,13 @@ class ExperimentBuilder:
         return algo
 
     def trainer_config(self) -> TrainerConfig:
-        return self.cfg.trainer.model_copy(update={"resume_from": find_resume(self.cfg.trainer.resume_from)})
+        return self.cfg.trainer.model_copy(update={"resume_from": self.resume_from})
 
     def build_trainer(self) -> Any:
         from toolbox.algorithms import ALGORITHMS
 
+        if not self.cfg.ray.local_mode:
+            check_run_root_shared(self.cfg.trainer, live_nodes())
         bus = EventBus()
         inject = {"run_dir": self.run_dir, "total_steps": self.cfg.trainer.total_steps}
         for spec in self.cfg.callbacks:
@@ -156,6 +223,17 @@ class ExperimentBuilder:
         for group in self.groups:
             group.shutdown()
         self.groups = []
+        if self._colocated_pg is not None:  # the groups in it do not own it
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._colocated_pg)
+            self._colocated_pg = None
+
+
+def join_process_group(group: Any, timeout_s: float) -> None:
+    """Rank 0 picks a free port on its node; every rank joins the process group there and builds its learner."""
+    addr, port = group.call("rendezvous", [()], ranks=[0])[0]
+    group.call("setup", [(addr, port, timeout_s)] * len(group))
 
 
 def role_size(cfg: ExperimentConfig, role: str) -> tuple[int, float, float]:
@@ -166,19 +244,122 @@ def role_size(cfg: ExperimentConfig, role: str) -> tuple[int, float, float]:
 
 def trial_bundles(cfg: ExperimentConfig, driver_cpus: float = 0.01) -> list[dict[str, float]]:
     """Placement-group bundles for one whole experiment: the driver's, then every role's workers."""
-    bundles = [{"CPU": driver_cpus}]
+    return [{"CPU": driver_cpus}, *(bundle for _, bundle in role_bundles(cfg))]
+
+
+def role_bundles(cfg: ExperimentConfig) -> list[tuple[str, dict[str, float]]]:
+    """(role, Ray resources) of every actor of a run, in the order of the roles: CPUs, GPUs and the role's
+    custom resources (``ray.placement.<role>.resources``)."""
+    out = []
     for role in cfg.algorithm.roles:
         n, cpus, gpus = role_size(cfg, role)
-        bundles += [{"CPU": cpus, **({"GPU": gpus} if gpus else {})}] * n
-    return bundles
+        custom = cfg.ray.placement.get(role, RolePlacement()).resources
+        out += [(role, {"CPU": cpus, **({"GPU": gpus} if gpus else {}), **custom})] * n
+    return out
+
+
+def live_nodes() -> int:
+    """How many nodes of the connected Ray cluster are alive."""
+    import ray
+
+    return sum(1 for node in ray.nodes() if node.get("Alive"))
+
+
+def check_run_root_shared(trainer: TrainerConfig, nodes: int) -> None:
+    """On a cluster of several nodes, learner ranks elsewhere write checkpoints under run_root: it must be shared."""
+    if nodes > 1 and not trainer.shared_fs:
+        raise ConfigError(
+            f"trainer.run_root={trainer.run_root!r} is a local path and the Ray cluster has {nodes} nodes: actors on "
+            "other nodes would write checkpoints to their own disks. Put run_root on a filesystem every node mounts "
+            "(NFS, a Kubernetes ReadWriteMany volume such as deploy/kuberay/pvc.yaml) and pass trainer.shared_fs=true.")
 
 
 def ray_init_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
-    """Connect to ``ray.address`` / RAY_ADDRESS (a cluster, or ray job submit) or start a local instance."""
-    address = cfg.ray.address or os.environ.get("RAY_ADDRESS") or None
+    """Connect to ``ray.address`` / RAY_ADDRESS (a cluster, or ray job submit) or start a new local instance.
+
+    Without an address the instance is always a new one (``address="local"``): ``None`` would join whatever
+    cluster /tmp/ray/ray_current_cluster names, someone else's, or a dead one that hangs start-up forever.
+    """
+    address = cfg.ray.address or os.environ.get("RAY_ADDRESS") or "local"
     kwargs: dict[str, Any] = {"address": address, "runtime_env": {"env_vars": WORKER_ENV}}
-    if address is None:
+    if address == "local":
         kwargs["include_dashboard"] = False
         if cfg.ray.num_cpus:
             kwargs["num_cpus"] = cfg.ray.num_cpus
     return kwargs
+
+
+# Ray's own knob for how many times (about one a second) a driver tries to reach the GCS before giving up.
+GCS_ATTEMPTS_ENV = "RAY_gcs_server_port_wait_time_s"
+
+
+def connect_ray(cfg: ExperimentConfig, **overrides: Any) -> None:
+    """``ray.init`` as `ray_init_kwargs` says (``overrides`` on top), bounded by ``ray.connect_timeout_s``.
+
+    A given address must accept a connection within the timeout, or `ConfigError` names it and what to do;
+    then Ray makes one attempt to reach its GCS (it would otherwise retry for many minutes).
+    """
+    import ray
+
+    kwargs = {**ray_init_kwargs(cfg), **overrides}
+    address = str(kwargs["address"])
+    if address == "local":
+        ray.init(**kwargs)
+        return
+    field = f"ray.address={address}" if cfg.ray.address else f"RAY_ADDRESS={address}"
+    timeout = cfg.ray.connect_timeout_s
+    advice = ("start the cluster (`ray start --head`) or fix the address; leave ray.address and RAY_ADDRESS unset to "
+              "start a local instance")
+    problem = unreachable(address, timeout)
+    if problem:
+        raise ConfigError(f"{field}: no Ray cluster answers within {timeout:g}s (ray.connect_timeout_s): {problem}; "
+                          f"{advice}")
+    previous = os.environ.get(GCS_ATTEMPTS_ENV)
+    os.environ.setdefault(GCS_ATTEMPTS_ENV, "1")
+    try:
+        ray.init(**kwargs)
+    except ConnectionError as err:
+        raise ConfigError(f"{field}: something listens there but Ray could not connect ({err}); {advice}") from None
+    finally:
+        if previous is None:
+            os.environ.pop(GCS_ATTEMPTS_ENV, None)
+
+
+def unreachable(address: str, timeout_s: float) -> str:
+    """Why nothing accepts a TCP connection at ``address`` (``host:port``, ``ray://host:port`` or ``auto``) within
+    ``timeout_s``, retrying twice a second (a head may be starting); empty when something does."""
+    host, port, problem = _host_port(address)
+    if problem:
+        return problem
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+                return ""
+        except OSError as err:
+            problem = f"{host}:{port}: {err.strerror or err}"
+        if time.monotonic() + 0.5 >= deadline:
+            return problem
+        time.sleep(0.5)
+
+
+def _host_port(address: str) -> tuple[str, int, str]:
+    """``(host, port, "")``, or ``("", 0, why)`` when ``address`` names no host."""
+    if address == "auto":
+        from ray._private.services import canonicalize_bootstrap_address
+
+        try:
+            found = canonicalize_bootstrap_address(address)
+        except ConnectionError as err:
+            return "", 0, str(err)
+        if not found:
+            return "", 0, "address=auto found no running cluster on this machine"
+        address = found
+    parts = urlsplit(address if "://" in address else f"//{address}")
+    try:
+        port = parts.port or (10001 if parts.scheme == "ray" else 6379)
+    except ValueError as err:
+        return "", 0, f"not a host:port address ({err})"
+    if not parts.hostname:
+        return "", 0, "not a host:port address"
+    return parts.hostname, port, ""

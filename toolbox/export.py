@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from toolbox.callbacks.console import stderr_console
+from toolbox.callbacks.console import tool_main
 from toolbox.core.errors import ConfigError
 
 
@@ -61,7 +61,15 @@ def export_checkpoint(target: str | Path | ExportSource, out: str | Path) -> Pat
         raise ConfigError(f"{source.run_dir}: algorithm {cfg.algorithm.name!r} trains an environment policy, not a "
                           "causal LM; there is no Hugging Face model to export")
     base = resolve_model_path(cfg, source.run_dir.parent)  # where the run itself resolved it (run_root)
-    model = base_model(base, cfg.model.dtype, cfg.model.trust_remote_code)
+    load = getattr(type(cfg.algorithm), "load_model", None)  # a run that trains another head (rm) names its loader
+    model = load(base, cfg.model.dtype) if load else base_model(base, cfg.model.dtype, cfg.model.trust_remote_code)
+    lora = cfg.learner.lora
+    if lora is not None:  # the checkpoint holds the adapter model: load it as one, write adapter (+ merged)
+        from toolbox.learner.lora import add_adapters, write_lora
+
+        model = add_adapters(model, lora)
+        load_model_weights(source.checkpoint, model)
+        return write_lora(model, base, lora, out, cfg.model.trust_remote_code)
     load_model_weights(source.checkpoint, model)
     return write_hf_dir(model, base, out, cfg.model.trust_remote_code)
 
@@ -76,23 +84,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 written, 2 bad arguments, source or destination."""
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-    except SystemExit as stop:  # --help, or a usage error argparse has printed
-        return stop.code if isinstance(stop.code, int) else 2
-    console = stderr_console()
-    out = Path(args.out)
-    try:
-        if (out / "config.json").exists() and not args.force:
-            raise ConfigError(f"{out}: already holds a model (config.json); pass --force to overwrite it")
-        source = find_source(args.source)
-        written = export_checkpoint(source, out)
-    except (ConfigError, FileNotFoundError, ValueError) as err:
-        console.print(f"[bold red]export error[/]: {escape(str(err))}")
-        return 2
-    console.print(f"exported {escape(str(source.checkpoint))} -> [bold]{escape(str(written))}[/]")
-    return 0
+    return tool_main(argv, parse_args, _export, "export", (ConfigError, FileNotFoundError, ValueError))
 
+
+def _export(args: argparse.Namespace) -> str:
+    out = Path(args.out)
+    if (out / "config.json").exists() and not args.force:
+        raise ConfigError(f"{out}: already holds a model (config.json); pass --force to overwrite it")
+    source = find_source(args.source)
+    written = export_checkpoint(source, out)
+    return f"exported {escape(str(source.checkpoint))} -> [bold]{escape(str(written))}[/]"
 
 if __name__ == "__main__":
     sys.exit(main())

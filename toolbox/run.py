@@ -1,17 +1,26 @@
-"""``python -m toolbox.run [experiment=NAME] [a.b.c=value ...]``: run one experiment as one Ray job."""
+"""``python -m toolbox.run [experiment=NAME] [a.b.c=value ...] [--dry-run]``: run one experiment as one Ray job.
+
+``--dry-run`` prints the settings, the actors and placement groups, the batch arithmetic and a memory estimate
+per learner rank, and starts nothing (`toolbox.dry_run`)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
+import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from toolbox.callbacks.console import stderr_console
 from toolbox.core.errors import ConfigError, WorkerError
+from toolbox.watchdog import start as start_watchdog
 
 log = logging.getLogger("toolbox")
 
@@ -42,11 +51,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from toolbox.config import load_config
 
+    dry = "--dry-run" in args
     try:
-        cfg = load_config(args)
+        cfg = load_config([a for a in args if a != "--dry-run"])
     except ConfigError as err:
         console.print(f"[bold red]config error[/]: {escape(str(err))}")
         return 2
+    if dry:
+        from toolbox.dry_run import print_dry_run
+
+        return print_dry_run(cfg)
     return run(cfg, console)
 
 
@@ -54,7 +68,7 @@ def run(cfg, console: Console) -> int:  # noqa: ANN001 - ExperimentConfig, impor
     import ray
 
     from toolbox import engines, rewards  # noqa: F401  (register built-ins)
-    from toolbox.experiment import ExperimentBuilder, ray_init_kwargs
+    from toolbox.experiment import ExperimentBuilder, connect_ray
 
     started = time.perf_counter()
     try:
@@ -64,21 +78,91 @@ def run(cfg, console: Console) -> int:  # noqa: ANN001 - ExperimentConfig, impor
         return 2
     console.print(f"run directory: [bold]{builder.run_dir}[/]")
     started_ray = False
+    stop, watchdog = SignalStop(), None  # SIGTERM/SIGINT unwind the run: Ray shut down, exit 128 + signal
     if not cfg.ray.local_mode and not ray.is_initialized():
-        ray.init(**ray_init_kwargs(cfg))
+        watchdog = start_watchdog()  # ends what a SIGKILL of this process would leave of a local instance
+        try:
+            connect_ray(cfg)  # bounded by ray.connect_timeout_s; no address: a new local instance
+        except ConfigError as err:
+            console.print(f"[bold red]config error[/]: {escape(str(err))}")
+            return stop.end(watchdog, 2)
+        except KeyboardInterrupt:
+            return stop.end(watchdog, stop.report(console, builder.run_dir))
         started_ray = True
+        stop.install()
     try:
         trainer = builder.build_trainer()
         summary = trainer.fit()
         console.print(f"results: {builder.run_dir}  (total wall time incl. start-up: {time.perf_counter() - started:.0f}s)")
         return 0 if summary else 1
+    except ConfigError as err:  # what only the cluster tells (e.g. a local run_root on several nodes)
+        console.print(f"[bold red]config error[/]: {escape(str(err))}")
+        return 2
     except WorkerError as err:
         console.print(f"[bold red]worker failure[/]: {escape(str(err))}")
-        console.print(f"run directory (resume with trainer.resume_from={builder.run_dir}): {builder.run_dir}")
+        print_resume_hint(console, builder.run_dir)
         return 1
+    except KeyboardInterrupt:
+        return stop.report(console, builder.run_dir)
     finally:
         if started_ray:
             ray.shutdown()
+        stop.end(watchdog, 0)
+
+
+class SignalStop:
+    """While a run goes on, SIGTERM and SIGINT raise `KeyboardInterrupt` in the main thread, where Ray's waits
+    check for signals, so the run unwinds: its actors and the Ray instance it started are shut down, and the
+    driver exits with 128 + the signal's number. A second signal gets the default behaviour (Ctrl-C twice:
+    quit at once)."""
+
+    def __init__(self) -> None:
+        self.signum = signal.SIGINT  # a KeyboardInterrupt without a signal seen here: Ctrl-C as Python saw it
+        self.previous: dict[int, Any] = {}
+        self.install()
+
+    def install(self) -> None:
+        """(Again) after ``ray.init``, whose crash handler takes SIGTERM over (and aborts the driver)."""
+        if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+            return
+        for s in (signal.SIGTERM, signal.SIGINT):
+            handler = signal.signal(s, self._handle)
+            self.previous.setdefault(s, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signum = signal.Signals(signum)
+        self.restore()
+        raise KeyboardInterrupt(self.signum.name)
+
+    def restore(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        self.previous = {}
+
+    def end(self, watchdog: subprocess.Popen[bytes] | None, code: int) -> int:
+        """Once Ray is shut down (or never started): the default handlers back, the watchdog gone; returns ``code``."""
+        self.restore()
+        if watchdog is not None:
+            watchdog.kill()
+            watchdog.wait()
+        return code
+
+    def report(self, console: Console, run_dir: Path) -> int:
+        console.print(f"[bold red]stopped[/] by {self.signum.name}: shutting down the run's actors")
+        print_resume_hint(console, run_dir)
+        return 128 + int(self.signum)
+
+
+def print_resume_hint(console: Console, run_dir: Path) -> None:
+    """The run directory, and the exact command that resumes it when it has a complete checkpoint."""
+    from toolbox.trainers.checkpoints import resume_command
+
+    command = resume_command(run_dir)
+    if command is None:
+        console.print(f"run directory: {run_dir} (no complete checkpoint to resume from)")
+    else:
+        # soft_wrap: the command stays one line however narrow the console, so it can be copied as it is
+        console.print(f"run directory: {run_dir}\nresume it with: {escape(command)}", soft_wrap=True)
 
 
 if __name__ == "__main__":

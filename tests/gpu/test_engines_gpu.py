@@ -41,3 +41,39 @@ def test_generate_then_weight_update_changes_greedy_output(engine: str, tiny_mod
     vocab = model.lm_head.weight.shape[0]
     assert torch.allclose(after.logprobs_BR[:, 0], torch.full((len(after),), -float(torch.log(torch.tensor(vocab)))),
                           atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def head64_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a head size of 64 (vLLM's attention kernels want >= 64), saved in bfloat16."""
+    from toolbox.models.loading import TinyModelConfig
+    from toolbox.models.tiny import ensure_tiny_model
+
+    cfg = TinyModelConfig(hidden_size=128, num_heads=2, num_kv_heads=1, intermediate_size=256)
+    return ensure_tiny_model(tmp_path_factory.mktemp("models") / "head64", cfg,
+                             TASKS.build({"name": "digit_add"}).alphabet())
+
+
+def test_vllm_sleep_wake_sync_round_bf16(head64_model_dir: Path) -> None:
+    """Generate, sleep (weights and KV cache freed), wake, sync weights in several buckets, generate again."""
+    pytest.importorskip("vllm")
+    from toolbox.engines.vllm import VLLMEngine, VLLMEngineConfig
+
+    path = str(head64_model_dir)
+    cfg = VLLMEngineConfig(enable_sleep_mode=True, enforce_eager=True, gpu_memory_utilization=0.2)
+    eng = VLLMEngine(path, dtype="bfloat16", config=cfg, seed=0)
+    requests = PromptSource(TASKS.build({"name": "digit_add"}), eng.tokenizer, seed=0).step(0, 4, 2)
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=4)
+    assert eng.generate(requests, greedy).response_mask_BR.sum() > 0
+    free_awake = torch.cuda.mem_get_info()[0]
+    eng.sleep(level=1)
+    assert torch.cuda.mem_get_info()[0] > free_awake  # sleeping gave memory back
+    eng.wake()
+    model = load_causal_lm(path, "bfloat16")
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    buckets = pack_state_dict(model.state_dict(), bucket_bytes=64 << 10)
+    assert len(buckets) >= 3
+    eng.update_weights(buckets)
+    after = eng.generate(requests, greedy)
+    assert (after.response_ids_BR[:, 0] == 0).all()  # all logits equal: argmax is token 0 iff the sync arrived

@@ -55,7 +55,7 @@ def _driver_bytes_per_step(tmp_path: Path, prompts_per_step: int, monkeypatch: p
         return values
 
     builder, trainer = build(tmp_path, f"algorithm.prompts_per_step={prompts_per_step}", "trainer.total_steps=2",
-                             "rollout.sampling.max_new_tokens=8")
+                             "rollout.sampling.max_new_tokens=8", "trainer.log_samples_every=0")
     try:
         monkeypatch.setattr(ray, "get", counting_get)  # every fetch of the driver goes through ray.get
         trainer.fit()
@@ -69,8 +69,9 @@ def test_driver_does_not_hold_rollout_batches(ray_session: None, tmp_path: Path,
     small = _driver_bytes_per_step(tmp_path / "small", 8, monkeypatch)
     large = _driver_bytes_per_step(tmp_path / "large", 64, monkeypatch)
     # 64 prompts x 8 samples x (prompt + 8 response tokens) would be >100 kB of tensors; the driver
-    # only sees refs and metric dicts, whose size does not depend on the batch.
-    assert large - small < 2_000, (small, large)
+    # only sees refs and metric dicts, whose size does not depend on the batch. (Recorded samples are off here:
+    # they are a fixed number of rows, but their decoded text varies in length from run to run.)
+    assert large - small < 4_000, (small, large)
 
 
 class Sleeper:

@@ -72,8 +72,8 @@ def test_config_rejects_bad_options(tmp_path: Path) -> None:
         DatasetTaskConfig(path="x.jsonl", eval_split="test", eval_fraction=0.1)
     with pytest.raises(ValueError, match="has no {prompt} field"):
         DatasetTaskConfig(path="x.jsonl", template="Question:")
-    with pytest.raises(ConfigError, match="unknown file type '.txt'"):
-        task(write(ROWS, tmp_path / "d", "jsonl").rename(tmp_path / "d.txt"))
+    with pytest.raises(ConfigError, match="unknown file type '.xml'"):  # (.txt is raw-text documents)
+        task(write(ROWS, tmp_path / "d", "jsonl").rename(tmp_path / "d.xml"))
 
 
 def test_epochs_are_deterministic_and_resume_continues(tmp_path: Path) -> None:

@@ -288,3 +288,121 @@ def test_validator_rejects_broken_rayjob(path: str, value: Any, expected: str) -
     _set(broken, path, value)
     errors = _schema_errors(broken)
     assert any(expected in e for e in errors), errors
+
+
+# ---------------------------------------------------------------- rendered manifests (toolbox deploy render)
+
+RENDERED = {
+    "grpo_tiny": ["experiment=grpo_tiny", "rollout.num_workers=2"],
+    "grpo_gpu_custom": ["experiment=grpo_tiny", "learner.gpus_per_worker=1", "rollout.num_workers=3",
+                        "ray.placement.rollout.resources.node_b=1", "ray.placement.learner.strategy=STRICT_SPREAD"],
+    "ppo_cartpole": ["experiment=ppo_cartpole"],
+    "sft_tiny": ["experiment=sft_tiny", "learner.num_workers=4", "learner.cpus_per_worker=1.5"],
+    "sweep_grpo_lr": ["sweep=grpo_lr"],
+}
+
+
+@functools.cache
+def _rendered(label: str) -> dict[str, Any]:
+    from toolbox.deploy import render
+
+    return render(RENDERED[label])
+
+
+def _demand(args: list[str]) -> list[dict[str, float]]:
+    """Every placement-group bundle the rendered job will ask Ray for (all concurrent trials of a sweep)."""
+    from toolbox.config import load_config
+    from toolbox.experiment import trial_bundles
+    from toolbox.tune import load_sweep, sweep_configs
+
+    fixed = [*args, "trainer.run_root=/runs"]
+    if args[0].startswith("sweep="):
+        _, sweep, extra = load_sweep(fixed)
+        largest = max((trial_bundles(cfg) for cfg in sweep_configs(sweep, extra)),
+                      key=lambda bundles: sum(b.get("CPU", 0.0) for b in bundles))
+        return largest * sweep.max_concurrent_trials
+    return trial_bundles(load_config(fixed))[1:]  # [0] is a Tune trial's driver; a job's driver runs on the head
+
+
+def _offered(spec: dict[str, Any]) -> list[tuple[dict[str, float], int]]:
+    """(Ray resources of one pod, replicas) for every worker group of a rendered cluster spec."""
+    import json
+
+    out = []
+    for group in spec["workerGroupSpecs"]:
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        pod = {"CPU": float(limits["cpu"]), "GPU": float(limits.get("nvidia.com/gpu", 0))}
+        custom = group["rayStartParams"].get("resources")
+        pod.update(json.loads(json.loads(custom)) if custom else {})
+        assert group["minReplicas"] == group["replicas"] == group["maxReplicas"] >= 1
+        out.append((pod, group["replicas"]))
+    return out
+
+
+@pytest.mark.parametrize("label", RENDERED)
+def test_rendered_rayjob_matches_crd_schema(label: str) -> None:
+    job = _rendered(label)
+    errors = _schema_errors(job)
+    assert not errors, f"rendered {label} violates the RayJob CRD schema:\n" + "\n".join(errors)
+    assert _DNS_LABEL.match(job["metadata"]["name"]), job["metadata"]["name"]
+
+
+@pytest.mark.parametrize("label", RENDERED)
+def test_rendered_rayjob_runs_the_same_command_on_a_shared_run_root(label: str) -> None:
+    spec = _rendered(label)["spec"]
+    args = spec["entrypoint"].split()
+    module = "toolbox.tune" if label.startswith("sweep") else "toolbox.run"
+    assert args[:3] == ["python", "-m", module]
+    assert args[3:] == [*RENDERED[label], f"trainer.run_root={RUN_MOUNT}", "trainer.shared_fs=true"]
+    assert spec["shutdownAfterJobFinishes"] is True and spec["backoffLimit"] == 0
+    assert spec["rayClusterSpec"]["authOptions"] == {"mode": "token", "secretName": "toolbox-ray-auth"}
+    claim = _run_claim_name()
+    for pod in _pod_templates(spec["rayClusterSpec"]):
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        assert volumes[mounts[RUN_MOUNT]]["persistentVolumeClaim"]["claimName"] == claim
+
+
+@pytest.mark.parametrize("label", RENDERED)
+def test_rendered_worker_groups_cover_the_placement_groups(label: str) -> None:
+    """What the job's placement groups ask for, per resource, fits in what the worker groups offer, and every
+    bundle fits in one pod that has all of its resources (a bundle cannot span pods)."""
+    spec = _rendered(label)["spec"]["rayClusterSpec"]
+    assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    offered, demand = _offered(spec), _demand(RENDERED[label])
+    for key in {k for b in demand for k in b}:
+        need = sum(b.get(key, 0.0) for b in demand)
+        have = sum(pod.get(key, 0.0) * n for pod, n in offered)
+        assert need <= have + 1e-9, f"{label}: bundles need {need} {key}, worker groups offer {have}"
+    for bundle in demand:
+        assert any(all(pod.get(k, 0.0) >= v for k, v in bundle.items()) for pod, _ in offered), (label, bundle)
+    images = {c["image"] for pod in _pod_templates(spec) for c in pod["containers"]}
+    gpu = any(b.get("GPU") for b in demand)
+    assert len(images) == 1 and next(iter(images)).endswith("-gpu") == gpu, images
+
+
+def test_strict_spread_roles_get_a_pod_each() -> None:
+    spec = _rendered("grpo_gpu_custom")["spec"]["rayClusterSpec"]
+    groups = {g["groupName"]: g for g in spec["workerGroupSpecs"]}
+    assert groups["gpu"]["replicas"] == 2  # two learner ranks, STRICT_SPREAD, one GPU each
+    assert json_resources(groups["cpu-node-b"]) == {"node_b": 3}  # three rollout workers, node_b: 1 each
+
+
+def json_resources(group: dict[str, Any]) -> dict[str, float]:
+    import json
+
+    return json.loads(json.loads(group["rayStartParams"]["resources"]))
+
+
+def test_deploy_render_cli_prints_yaml_and_rejects_a_bad_config(capsys: pytest.CaptureFixture[str]) -> None:
+    from toolbox.cli import main
+
+    assert main(["deploy", "render", "experiment=grpo_tiny", "--image", "reg.example/toolbox:1", "--name", "x"]) == 0
+    job = yaml.safe_load(capsys.readouterr().out)
+    assert job["metadata"]["name"] == "x" and not _schema_errors(job)
+    assert {c["image"] for pod in _pod_templates(job["spec"]["rayClusterSpec"]) for c in pod["containers"]} == {
+        "reg.example/toolbox:1"}
+    assert main(["deploy", "render", "experiment=grpo_tiny", "learner.cpus_per_worker=8"]) == 2
+    assert "role learner: one actor needs {'CPU': 8.0}" in capsys.readouterr().err
+    assert main(["deploy", "render", "experiment=grpo_tiny", "trainer.run_root=/elsewhere"]) == 2
+    assert "trainer.run_root=/elsewhere" in capsys.readouterr().err

@@ -16,7 +16,8 @@ def test_component_catalog_is_current() -> None:
 
 def test_reference_lists_each_registered_entrys_options() -> None:
     paths = {row[0]: row for row in config_rows(ExperimentConfig)}
-    assert paths["rollout.engine"][1] == "one of hf, http, sglang, vllm" and paths["rollout.engine"][2] == "'hf'"
+    assert paths["rollout.engine"][1] == "one of hf, http, multi_turn, sglang, vllm" and paths["rollout.engine"][2] == "'hf'"
+    assert not any(p.startswith("rollout.engine[name=multi_turn].engine[") for p in paths)  # the wrapped engine: one row
     assert "rollout.engine[name=vllm].gpu_memory_utilization" in paths
     assert "reward.spec[name=math].which" in paths and "task[name=reverse].letters" in paths
     assert "callbacks.<i>[name=jsonl].filename" in paths

@@ -1,13 +1,17 @@
 """Contracts of the vllm / sglang / http engines without a GPU.
 
 Fake ``vllm`` / ``sglang`` modules shaped like the real outputs exercise the conversion to a
-`RolloutBatch`; signature checks against the real packages run only where they are installed; the
-http engine talks to a real stdlib OpenAI-style server with the real ``openai`` client.
-Not covered here: real generation and the GPU weight-sync paths (CUDA IPC).
+`RolloutBatch` and the weight-sync call order (CI runs these). Where the real package is installed
+(``scripts/engine_contracts.sh`` builds throwaway venvs with the released wheels), the adapter's actual
+weight-sync payload goes through the package's own receiver -- vLLM's worker and
+``IPCWeightTransferEngine``, SGLang's ``Engine`` / ``TokenizerManager`` / scheduler weight updater -- with
+CUDA replaced by `FakeIPC`. The http engine talks to a real stdlib OpenAI-style server with the real
+``openai`` client. Not covered here: real generation and real CUDA IPC (tests/gpu).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import json
@@ -15,6 +19,7 @@ import random
 import sys
 import threading
 import types
+import weakref
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -98,7 +103,9 @@ def test_sglang_api_we_call_exists() -> None:
         object(), named_tensors=[], load_format=None, flush_cache=True
     )
     assert callable(sglang.Engine.release_memory_occupation) and callable(sglang.Engine.resume_memory_occupation)
-    names = {f.name for f in dataclasses.fields(ServerArgs)}
+    assert callable(sglang.Engine.begin_weight_update) and callable(sglang.Engine.end_weight_update)
+    # ServerArgs is a msgspec Struct in 0.5.23 (a dataclass before): read its field names either way.
+    names = set(getattr(ServerArgs, "__struct_fields__", ())) or {f.name for f in dataclasses.fields(ServerArgs)}
     assert {"model_path", "dtype", "random_seed", "tp_size", "mem_fraction_static", "enable_memory_saver"} <= names
 
 
@@ -153,22 +160,139 @@ def test_vllm_generate_builds_batch(fake_vllm: types.SimpleNamespace, tok_dir: s
         engine.generate(REQUESTS, SAMPLING)
 
 
+class FakeIPC:
+    """CUDA IPC without CUDA: ``reduce_tensor`` hands out rebuild args that name a slot here, the receiver's
+    ``rebuild_cuda_tensor`` resolves the slot -- and fails if the producer's copy is already freed."""
+
+    UUID = "GPU-fake-0"
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from torch.multiprocessing import reductions
+
+        self.copies: list[weakref.ref] = []
+        for name, fn in (("is_available", lambda: True), ("device_count", lambda: 1), ("synchronize", lambda *a: None),
+                         ("ipc_collect", lambda: None),
+                         ("get_device_properties", lambda d: types.SimpleNamespace(uuid=self.UUID))):
+            monkeypatch.setattr(torch.cuda, name, fn)
+        monkeypatch.setattr(vllm_mod, "_gpu_copy", lambda t, d: t.clone())
+        monkeypatch.setattr(reductions, "reduce_tensor", self.reduce)
+
+    def reduce(self, t: torch.Tensor) -> tuple:
+        self.copies.append(weakref.ref(t))
+        # rebuild_cuda_tensor's 15 args; [6] is the device the receiver overwrites, [7] the storage's IPC handle.
+        args = (type(t), t.shape, t.stride(), 0, None, t.dtype, 0, len(self.copies) - 1,
+                t.numel() * t.element_size(), 0, False, None, 0, None, False)
+        return self.rebuild, args
+
+    def rebuild(self, *args: object) -> torch.Tensor:
+        if len(args) != 15:
+            raise TypeError(f"rebuild_cuda_tensor takes the 15 args of reduce_tensor, got {len(args)}: {args!r:.80}")
+        copy = self.copies[args[7]]()  # type: ignore[index]
+        if copy is None:
+            raise RuntimeError("the producer freed a shared GPU copy before the receiver was finished with it")
+        return copy
+
+    def all_alive(self) -> bool:
+        return all(ref() is not None for ref in self.copies)
+
+
 def test_vllm_update_weights_uses_ipc_protocol(fake_vllm: types.SimpleNamespace, tok_dir: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     engine = vllm_mod.VLLMEngine(tok_dir)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(vllm_mod, "_share_on_gpus", lambda ts: ([], [{"GPU-0": ("rebuild", n)} for n in ts]))
-    state = {"w": torch.ones(4, 4), "b": torch.zeros(4, dtype=torch.bfloat16)}
+    assert engine.llm.calls[0][1][0] == {"init_info": {"packed": False}}
+    ipc = FakeIPC(monkeypatch)
+    alive_at_finish = []
+    engine.llm.finish_weight_update = lambda: alive_at_finish.append(ipc.all_alive())
+    state = {"w": torch.arange(16.0).view(4, 4), "b": torch.ones(4, dtype=torch.bfloat16)}
     loaded = engine.update_weights(pack_state_dict(state, bucket_bytes=64))
     assert loaded == 4 * 4 * 4 + 4 * 2
     methods = [c[0] for c in engine.llm.calls[1:]]
-    assert methods == ["start_weight_update", "update_weights", "update_weights", "finish_weight_update",
-                       "reset_prefix_cache"]
+    assert methods == ["start_weight_update", "update_weights", "update_weights", "reset_prefix_cache"]
+    assert alive_at_finish == [True]  # every bucket's GPU copy outlives finish_weight_update
+    assert not ipc.all_alive()  # ... and is released after it
     infos = [c[1][0]["update_info"] for c in engine.llm.calls if c[0] == "update_weights"]
     assert [i["names"] for i in infos] == [["w"], ["b"]]
     assert infos[1]["dtype_names"] == ["bfloat16"] and infos[0]["shapes"] == [[4, 4]]
+    handle = infos[0]["ipc_handles"][0]
+    assert list(handle) == [FakeIPC.UUID] and isinstance(handle[FakeIPC.UUID], tuple)
     with pytest.raises(RuntimeError, match="enable_sleep_mode"):
         engine.sleep()
+
+
+def test_vllm_tensor_parallel_uses_mp_executor(fake_vllm: types.SimpleNamespace, tok_dir: str) -> None:
+    engine = vllm_mod.VLLMEngine(tok_dir, config=vllm_mod.VLLMEngineConfig(tensor_parallel_size=2))
+    assert engine.llm.kwargs["distributed_executor_backend"] == "mp"
+    assert "distributed_executor_backend" not in vllm_mod.VLLMEngine(tok_dir).llm.kwargs
+    assert "distributed_executor_backend" not in engine.config.engine_kwargs  # the config is not mutated
+
+
+def test_tensor_parallel_engine_needs_as_many_gpus() -> None:
+    from toolbox.config.schema import ExperimentConfig
+    from toolbox.core.errors import ConfigError
+
+    for engine, field in (({"name": "vllm", "tensor_parallel_size": 2}, "tensor_parallel_size"),
+                          ({"name": "sglang", "tp_size": 2}, "tp_size")):
+        with pytest.raises((ConfigError, ValueError), match=rf"rollout.engine.{field} is 2 but rollout.gpus_per_worker is 1"):
+            ExperimentConfig.model_validate({"rollout": {"engine": engine, "gpus_per_worker": 1}})
+        ExperimentConfig.model_validate({"rollout": {"engine": engine, "gpus_per_worker": 2}})
+    ExperimentConfig.model_validate({"rollout": {"engine": {"name": "vllm"}, "gpus_per_worker": 0.5}})  # sharing
+
+
+class RecordingModel(torch.nn.Module):
+    """The receiving model: records each ``load_weights`` call (names, and copies of the values)."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.log, self.loaded = log, {}
+
+    def load_weights(self, weights) -> set[str]:  # noqa: ANN001 - an iterable of (name, tensor)
+        names = []
+        for name, t in weights:
+            self.loaded[name] = t.detach().clone()
+            names.append(name)
+        self.log.append(("load", names))
+        return set(names)
+
+
+def test_vllm_payload_through_real_ipc_receiver(tok_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    vllm = pytest.importorskip("vllm")
+    from vllm.config.weight_transfer import WeightTransferConfig
+    from vllm.distributed.weight_transfer import ipc_engine
+    from vllm.model_executor.model_loader import reload
+    from vllm.v1.worker.gpu_worker import Worker
+
+    log: list = []
+    ipc = FakeIPC(monkeypatch)
+    monkeypatch.setattr(ipc_engine, "rebuild_cuda_tensor", ipc.rebuild)
+    monkeypatch.setattr(reload, "initialize_layerwise_reload", lambda model: log.append("start"))
+    monkeypatch.setattr(reload, "finalize_layerwise_reload", lambda model, cfg: log.append(("finish", ipc.all_alive())))
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda *a: None)
+    model = RecordingModel(log)
+    config = types.SimpleNamespace(parallel_config=None, model_config=None)
+    # vLLM's worker object without its GPU setup: its real weight-update methods drive the real IPC receiver.
+    worker = Worker.__new__(Worker)
+    worker.__dict__.update(weight_transfer_engine=ipc_engine.IPCWeightTransferEngine(
+        WeightTransferConfig(backend="ipc"), config, torch.device("cuda", 0), model), vllm_config=config, rank=0,
+        _weight_update_active=False, _weight_update_is_draft=False,
+        model_runner=types.SimpleNamespace(reset_lora_state=lambda: None))
+
+    def rpc(method: str, kwargs: dict | None = None) -> None:
+        getattr(Worker, method)(worker, **(kwargs or {}))
+
+    class WiredLLM(vllm.LLM):  # the real LLM's weight-transfer methods, over one in-process worker
+        def __init__(self, **kwargs: object) -> None:
+            self.kwargs = kwargs
+            self.llm_engine = types.SimpleNamespace(collective_rpc=rpc,
+                                                    reset_prefix_cache=lambda *a: log.append("reset_prefix_cache"))
+
+    monkeypatch.setattr(vllm, "LLM", WiredLLM)
+    engine = vllm_mod.VLLMEngine(tok_dir)
+    assert worker.weight_transfer_engine.packed is False  # init_info parsed by IPCWeightTransferInitInfo
+    state = {"w": torch.arange(16.0).view(4, 4), "b": torch.ones(4, dtype=torch.bfloat16)}
+    engine.update_weights(pack_state_dict(state, bucket_bytes=64))
+    assert log == ["start", ("load", ["w"]), ("load", ["b"]), ("finish", True), "reset_prefix_cache"]
+    assert all(torch.equal(model.loaded[k], v) for k, v in state.items())
+    assert model.loaded["b"].dtype == torch.bfloat16
 
 
 
@@ -186,7 +310,17 @@ class FakeEngine:
             outs.append({"text": "", "meta_info": meta})
         return outs[0] if len(outs) == 1 else outs
 
+    def begin_weight_update(self) -> tuple[bool, str]:
+        self.updates.append("begin")
+        return True, "Success"
+
+    def end_weight_update(self) -> tuple[bool, str]:
+        self.updates.append("end")
+        return True, "Success"
+
     def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):  # noqa: ANN001, ANN201
+        if self.updates[-1:] == ["end"] or not self.updates:  # SGLang 0.5.23 refuses updates outside a session
+            return False, "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
         self.updates.append((named_tensors, flush_cache))
         return True, "Success"
 
@@ -201,13 +335,91 @@ def test_sglang_generate_and_update(monkeypatch: pytest.MonkeyPatch, tok_dir: st
     assert one.response_ids_BR.tolist() == [[A, B, EOS]]
     state = {"w": torch.arange(16.0).view(4, 4), "b": torch.ones(4)}
     assert engine.update_weights(pack_state_dict(state, bucket_bytes=64)) == 16 * 4 + 4 * 4
-    assert [flush for _, flush in engine.engine.updates] == [False, True]  # flush the cache once, at the end
-    assert torch.equal(dict(engine.engine.updates[0][0])["w"], state["w"])
+    updates = engine.engine.updates
+    assert updates[0] == "begin" and updates[-1] == "end" and len(updates) == 4
+    assert [flush for _, flush in updates[1:-1]] == [False, True]  # flush the cache once, at the end
+    assert torch.equal(dict(updates[1][0])["w"], state["w"])
+
+
+def test_sglang_payload_through_real_scheduler_updater(tok_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    sglang = pytest.importorskip("sglang")
+    from sglang.srt.entrypoints import engine as engine_module
+    from sglang.srt.entrypoints.engine import Engine  # `sglang.Engine` is a lazy proxy of it
+    from sglang.srt.managers import tokenizer_control_mixin, tp_worker
+    from sglang.srt.managers.scheduler_components import weight_updater
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    from sglang.srt.utils.aio_rwlock import RWLock
+
+    parallel = types.SimpleNamespace(tp_size=1, tp_rank=0, dp_size=1, tp_group=types.SimpleNamespace(cpu_group=None))
+    for module in (engine_module, tokenizer_control_mixin, tp_worker, weight_updater):
+        monkeypatch.setattr(module, "get_parallel", lambda: parallel)
+    monkeypatch.setattr(torch.distributed, "barrier", lambda *a, **k: None)
+    log: list = []
+    model = RecordingModel(log)
+
+    class RunnerUpdater:  # one model runner's loader: what SGLang's scheduler calls per runner
+        def begin_weight_update(self) -> None:
+            log.append("begin")
+
+        def update_weights_from_tensor(self, named_tensors, load_format=None):  # noqa: ANN001, ANN201
+            model.load_weights(named_tensors)
+            return True, "Success"
+
+        def end_weight_update(self, run_post_load: bool) -> None:
+            log.append(("end", run_post_load))
+
+    def deserialize_own_rank(payloads: list) -> list:  # noqa: ANN001
+        # The real scheduler process patches torch's tensor reductions (CUDA device -> UUID) for good; here it
+        # shares our process, whose pickler must stay unpatched as it is in a real deployment.
+        from torch.multiprocessing import reductions
+
+        saved = {k: getattr(reductions, k) for k in ("reduce_tensor", "rebuild_cuda_tensor")}
+        try:
+            return tp_worker.BaseTpWorker.deserialize_own_rank(None, payloads)
+        finally:
+            for k, v in saved.items():
+                setattr(reductions, k, v)
+            for k in ("_reduce_tensor_original", "_rebuild_cuda_tensor_original"):
+                reductions.__dict__.pop(k, None)
+            reductions.init_reductions()
+
+    runner = types.SimpleNamespace(weight_updater=RunnerUpdater())
+    worker = types.SimpleNamespace(weight_update_runners=lambda: [("target", runner)],
+                                   deserialize_own_rank=deserialize_own_rank)
+    scheduler = weight_updater.SchedulerWeightUpdaterManager(
+        tp_worker=worker, draft_worker=None, memory_saver_adapter=None, is_fully_idle=lambda **k: True,
+        flush_cache=lambda **k: log.append("flush") or True,
+        scheduler=types.SimpleNamespace(record_weight_version_change=lambda new_version: None))
+
+    def relay(handler):  # noqa: ANN001, ANN202 - the ZMQ hop to the scheduler, in-process
+        async def communicator(obj):  # noqa: ANN001, ANN202
+            return [handler(obj)]
+        return communicator
+
+    class WiredEngine(Engine):  # the real Engine -> TokenizerManager -> scheduler path, without processes
+        def __init__(self, **kwargs: object) -> None:
+            self.kwargs = kwargs
+            self.loop = asyncio.new_event_loop()
+            tm = TokenizerManager.__new__(TokenizerManager)
+            tm.__dict__.update(auto_create_handle_loop=lambda: None, _is_pause=False, is_pause_cond=asyncio.Condition(),
+                               model_update_lock=RWLock(), mm_processor=None,
+                               begin_weight_update_communicator=relay(scheduler.begin_weight_update),
+                               end_weight_update_communicator=relay(scheduler.end_weight_update),
+                               update_weights_from_tensor_communicator=relay(scheduler.update_weights_from_tensor))
+            self.tokenizer_manager = tm
+
+    monkeypatch.setattr(sglang, "Engine", WiredEngine)
+    engine = sglang_mod.SGLangEngine(tok_dir, config=sglang_mod.SGLangEngineConfig(stage_on_gpu=False))
+    state = {"w": torch.arange(16.0).view(4, 4), "b": torch.ones(4, dtype=torch.bfloat16)}
+    engine.update_weights(pack_state_dict(state, bucket_bytes=64))
+    assert log == ["begin", ("load", ["w"]), ("load", ["b"]), "flush", ("end", False)]
+    assert all(torch.equal(model.loaded[k], v) for k, v in state.items())
+    engine.engine.loop.close()
 
 
 
 class CompletionsHandler(BaseHTTPRequestHandler):
-    mode = "ids"  # "ids": tokens spelled token_id:N; "text": plain text only; "bad": misaligned text
+    mode = "ids"  # "ids": tokens spelled token_id:N; "token_ids": choices[].token_ids; "text": text only; "bad": misaligned
     bodies: list[dict] = []
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
@@ -215,11 +427,14 @@ class CompletionsHandler(BaseHTTPRequestHandler):
         type(self).bodies.append(body)
         ids, lps, reason = scripted(body["prompt"], body["max_tokens"])
         text = "".join("abc"[t - A] for t in ids if t != EOS)
-        tokens = {"ids": [f"token_id:{t}" for t in ids], "text": list(text) + [""] * (EOS in ids)}.get(self.mode)
+        spelled = list(text) + [""] * (EOS in ids)
+        tokens = {"ids": [f"token_id:{t}" for t in ids], "text": spelled, "token_ids": [text]}.get(self.mode)  # token_ids: unusable text
         if self.mode == "bad":
             tokens, lps = [text], lps[:1]
         logprobs = {"tokens": tokens, "token_logprobs": lps, "top_logprobs": None, "text_offset": None}
         choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
+        if self.mode == "token_ids" and body.get("return_token_ids"):
+            choice["token_ids"] = ids
         payload = json.dumps({"id": "cmpl-0", "object": "text_completion", "created": 0,
                               "model": body["model"], "choices": [choice]}).encode()
         self.send_response(200)
@@ -256,6 +471,13 @@ def test_http_generate_against_server(server: str, tok_dir: str, mode: str, monk
     assert all(b["logprobs"] == 1 and b["n"] == 1 and b["max_tokens"] == 4 and b["model"] == tok_dir for b in bodies)
     assert len({b["seed"] for b in bodies}) == 3
     assert all(b.get("return_tokens_as_token_ids") is (True if mode == "ids" else None) for b in bodies)
+
+
+def test_http_asks_for_token_ids_by_default(server: str, tok_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CompletionsHandler, "mode", "token_ids")
+    engine = http_mod.HTTPEngine(tok_dir, config=http_mod.HTTPEngineConfig(base_url=server, max_retries=0))
+    check_batch(engine.generate(REQUESTS, SAMPLING))
+    assert all(b.get("return_token_ids") is True for b in CompletionsHandler.bodies)
 
 
 def test_http_misaligned_text_is_an_error(server: str, tok_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,6 +24,7 @@ from toolbox.export import export_checkpoint, find_source, main
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.policy import PolicyRank
 from toolbox.models.loading import load_tokenizer
+from toolbox.trainers.checkpoints import begin, commit
 from toolbox.trainers.offline import OfflineTrainer
 
 IDS = torch.tensor([[1, 5, 6, 7, 8, 9, 4], [2, 3, 3, 10, 11, 12, 13]])
@@ -73,7 +74,8 @@ def fake_run(tiny_model_dir: Path, run_dir: Path, *overrides: str) -> PolicyRank
     run_dir.mkdir(parents=True)
     dump_config(cfg, run_dir / "config.yaml")
     policy = trained_policy(tiny_model_dir)
-    policy.save(run_dir / "checkpoints" / "step_3")
+    final = run_dir / "checkpoints" / "step_3"
+    commit(policy.save(begin(final)), final, {"step": 3})  # staged, then marked complete, as trainers save
     return policy
 
 
@@ -101,6 +103,7 @@ def test_export_refuses_an_env_policy_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints" / "step_1").mkdir(parents=True)
     (run_dir / "checkpoints" / "step_1" / ".metadata").touch()
+    (run_dir / "checkpoints" / "step_1" / "COMPLETE").touch()
     dump_config(load_config(["experiment=ppo_cartpole"]), run_dir / "config.yaml")
     with pytest.raises(ConfigError, match="algorithm 'ppo_env' trains an environment policy"):
         export_checkpoint(run_dir, tmp_path / "out")

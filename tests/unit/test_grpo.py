@@ -53,9 +53,12 @@ def test_kl_term_skipped_without_reference_or_coefficient() -> None:
 
 def test_grpo_advantages_flatten_groups() -> None:
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 1.0, 2.0, 2.0])
-    torch.testing.assert_close(grpo_advantages(rewards, 4, "group_norm"), group_normalized(rewards.view(2, 4)).reshape(-1))
-    torch.testing.assert_close(grpo_advantages(rewards, 4, "rloo"), rloo(rewards.view(2, 4)).reshape(-1))
-    torch.testing.assert_close(grpo_advantages(rewards, 2, "group_mean"), torch.tensor([0.5, -0.5, -0.5, 0.5, 1, -1, 0, 0.0]))
+    adv, used = grpo_advantages(rewards, 4, "group_norm")
+    torch.testing.assert_close(adv, group_normalized(rewards.view(2, 4)).reshape(-1))
+    assert used.all()
+    torch.testing.assert_close(grpo_advantages(rewards, 4, "rloo")[0], rloo(rewards.view(2, 4)).reshape(-1))
+    torch.testing.assert_close(grpo_advantages(rewards, 2, "group_mean")[0],
+                               torch.tensor([0.5, -0.5, -0.5, 0.5, 1, -1, 0, 0.0]))
 
 
 def test_grpo_advantages_errors() -> None:

@@ -249,3 +249,27 @@ def test_api_key_comes_from_the_named_variable(fake: tuple[FakeServe, str], tok_
     monkeypatch.delenv("MY_API_KEY")
     with pytest.raises(ConfigError, match="api_key_env: the environment variable MY_API_KEY is not set"):
         engine(tok_dir, url, api_key_env="MY_API_KEY")
+
+
+def test_api_key_in_the_config_reaches_the_server_and_no_dump(fake: tuple[FakeServe, str], tok_dir: str) -> None:
+    state, url = fake
+    eng = engine(tok_dir, url, api_key="sk-live-123")
+    eng.generate(GROUPS[:1], SAMPLING)
+    assert state.keys[-1] == "Bearer sk-live-123"
+    for dumped in (eng.config.model_dump_json(), repr(eng.config), str(eng.config.model_dump(mode="json"))):
+        assert "sk-live-123" not in dumped
+
+
+def test_training_asks_the_server_before_ray_starts(fake: tuple[FakeServe, str]) -> None:
+    state, url = fake
+    config = http_mod.HTTPEngineConfig(base_url=url)
+    assert config.training_problem(probe=True) == ""  # ours, taking weights
+    for status, info, why in [(404, {}, " answered 404"),
+                              (200, {"model": "tiny", "weight_update": False}, ": weight_update=False: start toolbox")]:
+        state.info_status, state.info = status, info
+        with pytest.raises(ConfigError, match=f"rollout.engine: the http engine's server at {url} does not take the "
+                                              f"learner's weight updates \\(GET {url}/toolbox/info{why}"):
+            config.check_training(probe=True)
+        http_mod.HTTPEngineConfig(base_url=url, allow_stale_weights=True).check_training(probe=True)
+    state.info_status = 401  # a key the driver does not hold: cannot be told here, the rollout worker asks again
+    assert config.training_problem(probe=True) == ""

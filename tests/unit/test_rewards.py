@@ -81,7 +81,9 @@ def test_runner_three_states_and_metrics() -> None:
     assert result.reasons[1] == "RuntimeError: checker crashed" and result.reasons[2] == "abstained"
     assert result.reasons[0] == ""
     assert result.ok_B.tolist() == [True, False, False, True, False]
-    assert result.metrics() == {"reward": 0.75, "reward_abstain": 1.0, "reward_error": 2.0}
+    assert result.metrics() == {"reward": 0.75, "reward_abstain": 1.0, "reward_error": 2.0,
+                                "reward_error_rate": pytest.approx(0.4),
+                                "reward_error/RuntimeError: checker crashed": 2.0}
 
 
 def test_runner_timeout_marks_late_samples() -> None:

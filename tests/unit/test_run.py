@@ -40,7 +40,7 @@ def test_local_run_then_resume(tmp_path: Path) -> None:
 
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert cfg["trainer"]["total_steps"] == 3 and cfg["ray"]["local_mode"] is True
-    assert cfg["callbacks"] == [{"name": "jsonl", "filename": "metrics.jsonl"}]
+    assert cfg["callbacks"] == [{"name": "jsonl", "filename": "metrics.jsonl", "samples_filename": "samples.jsonl"}]
     steps = [r for r in records(run_dir) if r["event"] == "step_end"]
     assert [r["step"] for r in steps] == [1, 2, 3]
     for r in steps:

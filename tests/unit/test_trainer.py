@@ -46,11 +46,23 @@ class FakeRollout:
         self.weights.append(bucket_refs)
         return 0.0
 
+    def get_state(self) -> dict[str, int]:
+        return {"calls": len(self.calls)}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        self.restored = state
+
 
 class FakeReward:
     def score(self, batch: dict[str, int]) -> RewardResult:
         n = batch["rows"]
         return RewardResult(torch.full((n,), 0.25), torch.zeros(n, dtype=torch.long), [""] * n)
+
+    def get_state(self) -> dict[str, int]:
+        return {}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        pass
 
 
 class FakeLearner:
@@ -60,10 +72,15 @@ class FakeLearner:
         self.rank, self.start, self.fail_at = rank, start, fail_at
         self.updates, self.saved, self.loaded = 0, [], []
 
-    def plan(self, batches: list[dict[str, int]], rewards: list[RewardResult], keep: list[int] | None) -> dict[str, Any]:
+    def plan(self, batches: list[dict[str, int]], rewards: list[RewardResult], keep: list[int] | None,
+             trace: Any = None) -> dict[str, Any]:
         """Rank 0 alone plans a step, from every shard and its rewards."""
         assert self.rank == 0 and [b["rows"] for b in batches] == [len(r) for r in rewards]
         return {"shards": len(batches)}
+
+    def samples(self, plan: dict[str, Any]) -> None:
+        """Records no samples (`test_samples.py` checks recording with a real plan)."""
+        return None
 
     def update_planned(self, plan: dict[str, Any], batches: list[dict[str, int]]) -> dict[str, float]:
         assert plan == {"shards": len(batches)}
@@ -134,7 +151,10 @@ def test_events_in_order_with_eval_and_save_cadence(tmp_path: Path) -> None:
     assert [p["step"] for e, p in rec.events if e is Event.EVAL_END] == [4, 8, 10]
     saved = [p["path"] for e, p in rec.events if e is Event.CHECKPOINT_SAVED]
     assert saved == [str(tmp_path / "checkpoints" / f"step_{s}") for s in (3, 6, 9, 10)]
-    assert workers["learner"][0].saved == workers["learner"][1].saved == saved  # save is collective
+    # Save is collective, into a staging directory renamed once complete; the newest two are kept.
+    assert workers["learner"][0].saved == workers["learner"][1].saved == [p + ".tmp" for p in saved]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_10", "step_9"]
+    assert all((tmp_path / "checkpoints" / name / "COMPLETE").is_file() for name in ("step_9", "step_10"))
     assert summary["last_checkpoint"] == saved[-1] and summary["steps"] == 10 and summary["experiment"] == "fake"
     # Rollouts: 2 prompts x 3 samples split over 2 workers; evaluation is greedy over eval_prompts.
     assert all(p["rows"] == 6 for e, p in rec.events if e is Event.ROLLOUT_END)

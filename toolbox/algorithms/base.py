@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 Wiring = Callable[["ExperimentBuilder", EventBus], BaseTrainer]
 
 ALGORITHMS: Registry[BaseTrainer] = Registry("algorithm")
+log = logging.getLogger(__name__)
 
 
 def register_algorithm(name: str, config: type[AlgorithmConfig]) -> Callable[[Wiring], Wiring]:
@@ -80,8 +82,23 @@ def policy_wiring(builder: ExperimentBuilder, bus: EventBus, learner_cls: type, 
 
     assert isinstance(algo, AlgorithmConfig)
     c, roles = builder.cfg, policy_roles(builder, learner_cls, algo)
+    log_placement(builder)
     return OnlineTrainer(builder.trainer_config(), bus, algo, c.rollout.sampling, roles.prompts, roles.rollout,
-                         roles.reward, roles.learner, builder.run_dir, c.experiment, dynamic=dynamic)
+                         roles.reward, roles.learner, builder.run_dir, c.experiment, dynamic=dynamic,
+                         colocate=c.rollout.placement == "colocate")
+
+
+def log_placement(builder: ExperimentBuilder) -> None:
+    """Once at start: the weight-sync path the placement calls for (from the nodes the actors landed on), and
+    what a colocated learner keeps on its GPU while the engines generate."""
+    from toolbox.engines.placement import choose_sync_path
+
+    c = builder.cfg
+    log.info("%s", choose_sync_path(c, builder.nodes.get("learner"), builder.nodes.get("rollout")).describe())
+    if c.rollout.placement == "colocate" and c.learner.gpus_per_worker and c.learner.offload == "none":
+        log.warning("rollout.placement: colocate with learner.offload: none: each learner rank keeps its shards, "
+                    "gradients and AdamW state on the GPU while the engine generates; learner.offload: params moves "
+                    "them to host memory")
 
 
 def build_engine(engines: Registry, spec: Spec, model_path: str, dtype: str, seed: int, rank: int) -> Any:

@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
 
     from toolbox.algorithms.grpo.config import GRPOConfig
     from toolbox.config import load_config
-    from toolbox.experiment import ExperimentBuilder, ray_init_kwargs
+    from toolbox.experiment import ExperimentBuilder, connect_ray
 
     run_root = tempfile.mkdtemp(prefix="bench-grpo-")
     cfg = load_config([f"trainer.total_steps={args.steps + args.warmup}", "trainer.eval_every=0", "callbacks=[]",
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"bench grpo needs a grpo experiment, got algorithm.name={cfg.algorithm.name!r}")
     rows_per_step = cfg.algorithm.rollouts_per_step
     builder = ExperimentBuilder(cfg)
-    ray.init(**ray_init_kwargs(cfg), log_to_driver=False)
+    connect_ray(cfg, log_to_driver=False)
     try:
         trainer = builder.build_trainer()
         trainer.fit()

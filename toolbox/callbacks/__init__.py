@@ -16,4 +16,4 @@ class Callback(Protocol):
 
 CALLBACKS: Registry[Callback] = Registry("callback")
 
-from toolbox.callbacks import console, files  # noqa: E402,F401  (registers entries)
+from toolbox.callbacks import console, files, trackers  # noqa: E402,F401  (registers entries)

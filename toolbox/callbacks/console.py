@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -36,6 +38,26 @@ class ConsoleConfig(BaseModel):
 def stderr_console() -> Console:
     """A rich console on stderr. Logs (ray job logs, CI) are not terminals: rich would wrap them at 80 columns."""
     return Console(stderr=True, width=None if sys.stderr.isatty() else 150)
+
+
+def tool_main(argv: list[str] | None, parse: Callable[[list[str]], Any], body: Callable[[Any], str], label: str,
+              errors: tuple[type[BaseException], ...]) -> int:
+    """A small command's ``main``: parse ``argv`` (argparse), run ``body(args)`` and print the line it returns.
+
+    Exit codes: 0 done, 2 a usage error (argparse has printed it) or one of ``errors`` (printed as ``<label> error``).
+    """
+    try:
+        args = parse(sys.argv[1:] if argv is None else argv)
+    except SystemExit as stop:  # --help, or a usage error argparse has printed
+        return stop.code if isinstance(stop.code, int) else 2
+    console = stderr_console()
+    try:
+        done = body(args)
+    except errors as err:
+        console.print(f"[bold red]{label} error[/]: {escape(str(err))}")
+        return 2
+    console.print(done)
+    return 0
 
 
 def _fmt(value: Any) -> str:

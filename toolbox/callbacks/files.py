@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolbox.callbacks import CALLBACKS
 from toolbox.core.events import Event, EventBus
+from toolbox.tracing.entries import SAMPLE_COLUMNS, StepSamples
 
 
 class JsonlConfig(BaseModel):
@@ -18,18 +19,27 @@ class JsonlConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     filename: str = Field("metrics.jsonl", description="File in the run directory; one JSON object per event.")
+    samples_filename: str = Field("samples.jsonl", description="File in the run directory for recorded samples "
+                                  "(trainer.log_samples_every): one trace entry per line, read by `toolbox traces`.")
 
 
 @CALLBACKS.register("jsonl", config=JsonlConfig)
 class JsonlMetrics:
-    """Appends one JSON line per step / eval / checkpoint to ``<run_dir>/metrics.jsonl``."""
+    """Appends one JSON line per step / eval / checkpoint to ``<run_dir>/metrics.jsonl``, and each recorded
+    sample (a `toolbox.tracing.SampleTrace`) to ``<run_dir>/samples.jsonl``."""
 
     def __init__(self, config: JsonlConfig, run_dir: Path) -> None:
-        self.path = run_dir / config.filename
+        self.path, self.samples_path = run_dir / config.filename, run_dir / config.samples_filename
 
     def attach(self, bus: EventBus) -> None:
         for event in (Event.STEP_END, Event.EVAL_END, Event.CHECKPOINT_SAVED):
             bus.subscribe(event, self._write)
+        bus.subscribe(Event.SAMPLES, self._samples)
+
+    def _samples(self, _: Event, payload: dict[str, Any]) -> None:
+        recorded: StepSamples = payload["samples"]
+        with self.samples_path.open("a") as f:
+            f.writelines(s.model_dump_json() + "\n" for s in recorded.samples)
 
     def _write(self, event: Event, payload: dict[str, Any]) -> None:
         record = {"event": event.value, "time": time.time(), **payload}
@@ -46,7 +56,8 @@ class TensorBoardConfig(BaseModel):
 
 @CALLBACKS.register("tensorboard", config=TensorBoardConfig)
 class TensorBoardMetrics:
-    """Scalars per step (train/*) and evaluation (eval/*). A no-op with a warning if tensorboard is absent."""
+    """Scalars per step (train/*) and evaluation (eval/*); at recorded steps, the samples as a text table and
+    histograms of the step's rewards and advantages. A no-op with a warning if tensorboard is absent."""
 
     def __init__(self, config: TensorBoardConfig, run_dir: Path) -> None:
         try:
@@ -65,7 +76,17 @@ class TensorBoardMetrics:
         writer = self.writer
         bus.subscribe(Event.STEP_END, lambda e, p: self._scalars("train", p))
         bus.subscribe(Event.EVAL_END, lambda e, p: self._scalars("eval", p))
+        bus.subscribe(Event.SAMPLES, self._samples)
         bus.subscribe(Event.FIT_END, lambda e, p: writer.close())
+
+    def _samples(self, _: Event, payload: dict[str, Any]) -> None:
+        if self.writer is None:
+            return
+        recorded: StepSamples = payload["samples"]
+        self.writer.add_text("samples", samples_markdown(recorded), payload["step"])
+        for name, h in recorded.histograms.items():
+            self.writer.add_histogram_raw(f"train/{name}_hist", h.min, h.max, h.num, h.sum, h.sum_squares, h.edges[1:],
+                                          h.counts, payload["step"])
 
     def _scalars(self, prefix: str, payload: dict[str, Any]) -> None:
         if self.writer is None:
@@ -75,62 +96,46 @@ class TensorBoardMetrics:
                 self.writer.add_scalar(f"{prefix}/{key}", value, payload["step"])
 
 
+def samples_markdown(recorded: StepSamples) -> str:
+    """The recorded samples as a Markdown table (TensorBoard renders text summaries as Markdown)."""
+    def cell(value: Any) -> str:
+        text = "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+        return text.replace("|", "\\|").replace("\n", "⏎ ")
+
+    header = "| " + " | ".join(SAMPLE_COLUMNS) + " |\n|" + "---|" * len(SAMPLE_COLUMNS)
+    return "\n".join([header, *("| " + " | ".join(cell(v) for v in s.row().values()) + " |" for s in recorded.samples)])
+
+
 class CurveConfig(BaseModel):
     """Options of the curve-plot callback."""
 
     model_config = ConfigDict(extra="forbid")
-    metrics: list[str] = Field(default_factory=lambda: ["reward", "kl", "response_len"], description="Metrics plotted, one panel each.")
+    metrics: list[str] = Field(default_factory=lambda: ["reward", "kl", "response_len"],
+                               description="Metrics plotted, one panel each, besides the dashboard's own (reward or "
+                               "return, loss, KL, response length, step time; see `toolbox plot`).")
     filename: str = Field("curves.png", description="PNG file in the run directory.")
 
 
 @CALLBACKS.register("curves", config=CurveConfig)
 class CurvePlot:
-    """At the end of a run, plots the chosen metrics against step into a PNG (matplotlib, headless)."""
+    """At the end of a run, draws the run's dashboard (`toolbox.plot`) into a PNG (matplotlib, headless)."""
 
     def __init__(self, config: CurveConfig, run_dir: Path) -> None:
+        from toolbox.plot import RunSeries
+
         self.config, self.path = config, run_dir / config.filename
-        self.steps: list[int] = []
-        self.values: dict[str, list[float]] = {m: [] for m in config.metrics}
+        self.series = RunSeries(run_dir.name)
 
     def attach(self, bus: EventBus) -> None:
         bus.subscribe(Event.STEP_END, self._record)
         bus.subscribe(Event.FIT_END, self._plot)
 
     def _record(self, _: Event, payload: dict[str, Any]) -> None:
-        self.steps.append(payload["step"])
-        for name in self.config.metrics:
-            self.values[name].append(float(payload["metrics"].get(name, float("nan"))))
+        self.series.add(payload["step"], payload["metrics"])
 
     def _plot(self, _: Event, payload: dict[str, Any]) -> None:
+        from toolbox.plot import dashboard
+
         # A metric this algorithm never reports (no KL without a reference) gets no empty panel.
-        shown = {k: v for k, v in self.values.items() if any(x == x for x in v)}
-        if not self.steps or not shown:
-            return
-        plot_curves(self.steps, shown, self.path, title=str(payload.get("summary", {}).get("experiment", "")))
-
-
-def plot_curves(steps: list[int], values: dict[str, list[float]], path: Path, title: str = "") -> Path:
-    """One panel per metric: the raw values and a moving average."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    fig, axes = plt.subplots(1, len(values), figsize=(4.2 * len(values), 3.2), squeeze=False)
-    window = max(1, len(steps) // 10)
-    for ax, (name, ys) in zip(axes[0], values.items()):
-        y = np.asarray(ys, dtype=float)
-        ax.plot(steps, y, alpha=0.35, label=name)
-        if len(y) >= window > 1:
-            smooth = np.convolve(y, np.ones(window) / window, mode="valid")
-            ax.plot(steps[window - 1 :], smooth, label=f"{window}-step mean")
-        ax.set_xlabel("step")
-        ax.set_title(name)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        dashboard([self.series], self.path, title=str(payload.get("summary", {}).get("experiment", "")),
+                  extra=self.config.metrics)

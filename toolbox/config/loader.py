@@ -41,8 +41,16 @@ def experiment_path(name: str) -> Path:
     return path
 
 
+class Replace(dict):  # type: ignore[type-arg]
+    """A mapping given whole on the command line (``reward.spec={name: exact_match}``): it replaces the value
+    it lands on instead of being merged into it."""
+
+
 def parse_overrides(args: list[str]) -> dict[str, Any]:
-    """``["a.b=1", "c=x"]`` -> ``{"a": {"b": 1}, "c": "x"}``; values are parsed as YAML scalars/lists."""
+    """``["a.b=1", "c=x"]`` -> ``{"a": {"b": 1}, "c": "x"}``; values are parsed as YAML scalars/lists.
+
+    A mapping value comes back as a `Replace`, so `merge` puts it in place of the old value.
+    """
     out: dict[str, Any] = {}
     for arg in args:
         key, sep, raw = arg.partition("=")
@@ -52,6 +60,8 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw else ""
         except yaml.YAMLError as err:
             raise ConfigError(f"override {key}: cannot parse {raw!r}: {err}") from None
+        if isinstance(value, dict):
+            value = Replace(value)
         node = out
         parts = key.split(".")
         for part in parts[:-1]:
@@ -86,8 +96,10 @@ def default_name(path: str) -> str | None:
 def merge(base: dict[str, Any], over: dict[str, Any], path: str = "") -> dict[str, Any]:
     """Recursive dict merge; ``over`` wins. A list index key ('callbacks.0.x') edits that list element.
 
-    A named section whose ``name`` changes (``algorithm.name=online_dpo`` over a GRPO base) is replaced,
-    not merged: the previous component's options do not apply to the new one. An index edit of a list the
+    A named section whose ``name`` changes (``algorithm.name=online_dpo`` over a GRPO base, or a spec nested
+    anywhere: ``reward.spec.components.0.name=format``) is replaced, not merged: the previous component's
+    options do not apply to the new one. A `Replace` (a mapping given whole on the command line) replaces
+    the old value. An index edit of a list the
     base leaves out edits the schema's default list (``callbacks.0.name=x`` on an experiment without
     ``callbacks``).
     """
@@ -101,6 +113,8 @@ def merge(base: dict[str, Any], over: dict[str, Any], path: str = "") -> dict[st
 
 def _merged(current: Any, value: Any, where: str) -> Any:
     """``value`` laid over ``current`` (the value at ``where`` before the override)."""
+    if isinstance(value, Replace):
+        return dict(value)
     if isinstance(current, dict) and isinstance(value, dict):
         return value if _renamed(current, value, where) else merge(current, value, where)
     if isinstance(current, list) and _is_index_edit(value):
@@ -142,15 +156,44 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def read_experiment(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """An experiment YAML with its ``base:`` experiment (if any) merged underneath it."""
+def read_experiment(path: Path, seen: tuple[Path, ...] = (), layers: list[Layer] | None = None) -> dict[str, Any]:
+    """An experiment YAML with its ``base:`` experiment (if any) merged underneath it.
+
+    ``layers`` (when given) receives each file's own data, base first, to tell where a value came from.
+    """
     if path in seen:
         raise ConfigError(f"{path}: base experiments form a cycle: {' -> '.join(map(str, (*seen, path)))}")
     data = _read_yaml(path)
     base = data.pop("base", None)
-    if base is None:
-        return data
-    return merge(read_experiment(experiment_path(str(base)), (*seen, path)), data)
+    merged = data if base is None else merge(read_experiment(experiment_path(str(base)), (*seen, path), layers), data)
+    if layers is not None:
+        layers.append((str(path), data))
+    return merged
+
+
+Layer = tuple[str, dict[str, Any]]  # (where it came from, the data it set)
+
+
+def origin(layers: list[Layer], loc: tuple[Any, ...]) -> str:
+    """Where the value at ``loc`` came from: the last layer that set it, something inside it, or the section
+    around it (a file, or the command-line override); empty when no layer did (a default)."""
+    for depth in (len(loc), len(loc) - 1):
+        for where, data in reversed(layers):
+            if depth > 0 and _sets(data, loc[:depth]):
+                return where
+    return ""
+
+
+def _sets(data: Any, loc: tuple[Any, ...]) -> bool:
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and str(part) in node:
+            node = node[str(part)]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            return False
+    return True
 
 
 def load_config(args: list[str] | None = None) -> ExperimentConfig:
@@ -158,13 +201,17 @@ def load_config(args: list[str] | None = None) -> ExperimentConfig:
     overrides = parse_overrides(args or [])
     name = str(overrides.pop("experiment", "grpo_tiny"))
     path = experiment_path(name)
-    data = read_experiment(path)
+    layers: list[Layer] = []
+    data = read_experiment(path, layers=layers)
     data = merge(data, overrides)
     data["experiment"] = Path(name).stem
+    layers += [(f"command line: {arg}", parse_overrides([arg])) for arg in args or []
+               if not arg.startswith("experiment=")]
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"{path}: " + format_validation_error(err, "")) from None
+        message = format_validation_error(err, "", origin=lambda loc: origin(layers, loc))
+        raise ConfigError(f"experiment {path}: {message}") from None
 
 
 def dump_config(cfg: ExperimentConfig, path: Path) -> None:

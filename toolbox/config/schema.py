@@ -10,7 +10,7 @@ field the entry does not take is an error naming its path.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
@@ -22,6 +22,8 @@ from toolbox.data.check import check_data
 from toolbox.data.rows import DataConfig
 from toolbox.data.tasks import TASKS
 from toolbox.engines.base import ENGINES, SamplingConfig
+from toolbox.engines.common import check_engine_gpus
+from toolbox.engines.placement import Placement, check_colocation
 from toolbox.envs.config import EnvConfig
 from toolbox.learner.config import LearnerConfig
 from toolbox.models.loading import ModelConfig
@@ -61,6 +63,14 @@ class RolloutConfig(BaseModel):
     cpus_per_worker: float = Field(0.25, gt=0, description="Ray CPUs reserved per rollout worker.")
     gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs reserved per rollout worker.")
     timeout_s: float = Field(300.0, gt=0, description="Longest a rollout call may take before the run fails.")
+    max_restarts: int = Field(3, ge=0, description="Times Ray restarts a rollout worker whose process died, per worker; "
+                              "the new one reloads the weights its predecessor had and redoes its share of the step "
+                              "(counted in the rollout_restarts metric). 0: a dead worker fails the run.")
+    placement: Placement = Field("split", description="'split': rollout workers and learner ranks each have their own "
+                                 "placement group. 'colocate': rollout worker i shares learner rank i's bundle (same "
+                                 "node; the same GPU when both GPU shares add up to at most 1), needs num_workers equal "
+                                 "to learner.num_workers, and the engines sleep while the learner trains "
+                                 "(docs/gpus.md).")
 
 
 class RewardConfig(BaseModel):
@@ -73,6 +83,9 @@ class RewardConfig(BaseModel):
     run: RewardRunConfig = Field(default_factory=RewardRunConfig, description="Per-batch deadline and threads.")
     cpus_per_worker: float = Field(0.1, gt=0, description="Ray CPUs reserved per reward worker.")
     timeout_s: float = Field(120.0, gt=0, description="Longest a reward call may take before the run fails.")
+    max_restarts: int = Field(3, ge=0, description="Times Ray restarts a reward worker whose process died, per worker; "
+                              "its unfinished scoring calls run again (counted in the reward_restarts metric). 0: a "
+                              "dead worker fails the run.")
 
 
 class TrainerConfig(BaseModel):
@@ -80,15 +93,38 @@ class TrainerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     total_steps: int = Field(100, ge=1, description="Training steps (one rollout + update + weight sync each).")
-    save_every: int = Field(0, ge=0, description="Checkpoint every N steps (0: only at the end).")
+    save_every: int = Field(10, ge=0, description="Checkpoint every N steps, and always at the end (0: only at the "
+                            "end). Each checkpoint is staged and renamed to step_N only once complete.")
+    keep_checkpoints: int = Field(2, ge=0, description="Complete checkpoints to keep in RUN_DIR/checkpoints (the newest; "
+                                  "0: keep all).")
     eval_every: int = Field(0, ge=0, description="Evaluate every N steps (0: never during training).")
     eval_prompts: int = Field(32, ge=1, description="Held-out prompts per evaluation (greedy decoding).")
     seed: int = Field(0, description="Seed of prompts, sampling and initialisation.")
     run_root: str = Field("runs", description="Directory under which each run gets its own directory.")
     run_name: str = Field("", description="Run directory name; empty: '<experiment>-<timestamp>'.")
-    resume_from: str = Field("", description="A checkpoint directory (runs/x/checkpoints/step_N) or a run directory (its latest).")
+    resume_from: str = Field("", description="'auto': the newest complete checkpoint of this run's directory (needs "
+                             "run_name), or a fresh start when there is none; a run directory: its newest complete "
+                             "checkpoint; a checkpoint directory (runs/x/checkpoints/step_N): itself.")
     export: bool = Field(False, description="At the end of training, write the final policy as a Hugging Face model "
                          "directory (safetensors, config, tokenizer, generation config) to RUN_DIR/hf (LLM algorithms).")
+    log_samples_every: int = Field(10, ge=0, description="Every N steps (from the first), record a few prompts' "
+                                   "samples (text, reward and its components, advantage, finish reason) to "
+                                   "RUN_DIR/samples.jsonl and the trackers (rollout-based algorithms); 0: never.")
+    log_samples: int = Field(4, ge=1, description="Prompts recorded each time, with every sample of their group.")
+    shared_fs: bool = Field(False, description="Assert that run_root is on a filesystem every Ray node sees (NFS, a "
+                            "Kubernetes RWX volume, the same machine): required on a cluster of more than one node, "
+                            "where learner ranks on other nodes write the checkpoints.")
+
+
+class RolePlacement(BaseModel):
+    """Where one role's actors may run: custom Ray resources per actor and the strategy of the role's placement group."""
+
+    model_config = ConfigDict(extra="forbid")
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources each actor of the role "
+                                        "needs, e.g. {node_b: 1}: only nodes started with that resource take the role.")
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray placement strategy of the role's placement group (SPREAD: one actor per node where "
+        "possible). A Tune trial packs all its roles in one placement group and ignores it.")
 
 
 class RayConfig(BaseModel):
@@ -99,6 +135,10 @@ class RayConfig(BaseModel):
     num_cpus: int = Field(0, ge=0, description="Logical CPUs of a new local instance (0: Ray's default).")
     local_mode: bool = Field(False, description="Run groups in-process without Ray (single learner rank only).")
     placement_timeout_s: float = Field(60.0, gt=0, description="Longest wait for a role's placement group to be scheduled.")
+    connect_timeout_s: float = Field(30.0, gt=0, description="Longest wait for the cluster at ray.address / RAY_ADDRESS "
+                                     "to answer; after it the run fails naming the address (never hangs).")
+    placement: dict[str, RolePlacement] = Field(default_factory=dict, description="Per role (rollout, reward, learner, "
+                                                 "env): custom resources and placement strategy of its actors.")
 
 
 class ExperimentConfig(BaseModel):
@@ -138,6 +178,26 @@ class ExperimentConfig(BaseModel):
         if self.learner.strategy == "single" and self.learner.num_workers != 1:
             raise ConfigError(f"learner.strategy 'single' runs one rank; learner.num_workers is {self.learner.num_workers} "
                               "(use 'fsdp2' or 'ddp' for more)")
+        if "rollout" in self.algorithm.roles:
+            check_engine_gpus(self.rollout.engine, self.rollout.gpus_per_worker)
+            check_training = getattr(self.rollout.engine, "check_training", None)  # engines that may not take weights
+            if check_training is not None:
+                check_training()
+        check_colocation(self)
         if self.ray.local_mode and self.learner.num_workers != 1:
             raise ConfigError("ray.local_mode runs in-process and supports learner.num_workers=1 only")
+        if self.learner.max_restarts and "rollout" not in self.algorithm.roles:
+            raise ConfigError(f"learner.max_restarts={self.learner.max_restarts}: only the online loop (algorithms with "
+                              f"rollout workers) restarts its learner group; algorithm {self.algorithm.name!r} fails "
+                              "on a dead rank (set it to 0 and resume with trainer.resume_from=auto)")
+        if self.trainer.resume_from == "auto" and not self.trainer.run_name:
+            raise ConfigError("trainer.resume_from=auto needs trainer.run_name: a stable run directory "
+                              "(run_root/run_name) to look for checkpoints in")
+        for role, where in self.ray.placement.items():
+            if role not in self.algorithm.roles:
+                raise ConfigError(f"ray.placement.{role}: algorithm {self.algorithm.name!r} has the roles "
+                                  f"{list(self.algorithm.roles)}")
+            if {"CPU", "GPU"} & where.resources.keys():
+                raise ConfigError(f"ray.placement.{role}.resources: set CPUs and GPUs with {role}.cpus_per_worker / "
+                                  f"{role}.gpus_per_worker; resources are for custom ones")
         return self

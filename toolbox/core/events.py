@@ -16,6 +16,7 @@ class Event(enum.Enum):
 
     FIT_START = "fit_start"
     ROLLOUT_END = "rollout_end"
+    SAMPLES = "samples"  # a few recorded samples of a step (`toolbox.tracing.StepSamples`), every N steps
     STEP_END = "step_end"
     EVAL_END = "eval_end"
     CHECKPOINT_SAVED = "checkpoint_saved"

@@ -201,8 +201,10 @@ def _error(kind: str, message: str, loc: tuple[str, ...], value: Any) -> Validat
     return ValidationError.from_exception_data("spec", [detail])
 
 
-def _format_validation(err: ValidationError, path: str, tagged: Collection[str] = ()) -> str:
-    """One line per error: its field path, what is wrong, and the value given.
+def _format_validation(err: ValidationError, path: str, tagged: Collection[str] = (),
+                       origin: Callable[[tuple[Any, ...]], str] | None = None) -> str:
+    """One line per error: its field path, what is wrong, the value given and, when ``origin`` says (from the
+    error's location), where that value came from (a YAML file, a command-line override).
 
     ``tagged`` names top-level fields that hold a tagged union: pydantic puts the tag after
     them (``algorithm.grpo.lr``), which is not a path a user can write, so it is dropped.
@@ -214,7 +216,9 @@ def _format_validation(err: ValidationError, path: str, tagged: Collection[str] 
             del parts[1]
         loc = ".".join(str(p) for p in (path, *parts) if p != "")
         given = "input" in e and e["type"] not in _SELF_DESCRIBING
-        lines.append(f"{loc}: {e['msg']}" + (f" (got {e['input']!r})" if given else ""))
+        source = origin(tuple(parts)) if origin is not None else ""
+        lines.append(f"{loc}: {e['msg']}" + (f" (got {e['input']!r})" if given else "")
+                     + (f"  [from {source}]" if source else ""))
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

@@ -85,8 +85,16 @@ def render_prompt(prompt: str, tokenizer: Any, use_chat_template: bool, system_p
     return list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
 
+def encode_text(text: str, tokenizer: Any) -> Example:
+    """A raw-text document (pretraining): every token is a target, EOS closes it. No chat template."""
+    ids = list(tokenizer(text, add_special_tokens=True)["input_ids"]) + [tokenizer.eos_token_id]
+    return Example(ids, [1] * len(ids))
+
+
 def encode_sft(record: dict[str, Any], tokenizer: Any, max_length: int, use_chat_template: bool = True) -> Example:
-    """An SFT record (``prompt``/``response`` or ``messages``), cut to ``max_length`` tokens."""
+    """An SFT record (``prompt``/``response``, ``messages`` or raw ``text``), cut to ``max_length`` tokens."""
+    if "text" in record:
+        return encode_text(record["text"], tokenizer).cut(max_length)
     if "messages" in record:
         _need_template(tokenizer, use_chat_template)
         example = encode_messages(record["messages"], tokenizer)
@@ -117,11 +125,14 @@ def _need_template(tokenizer: Any, use_chat_template: bool) -> None:
         raise ValueError("a 'messages' record needs a tokenizer with a chat template (and use_chat_template: true)")
 
 
-def check_fits(record: dict[str, Any], kind: str, tokenizer: Any, max_length: int, use_chat_template: bool = True) -> None:
-    """Raise `RowError` when a record's prompt alone fills ``max_length`` tokens: cutting it would leave no
-    target token, so it would teach nothing (an SFT response, or a DPO chosen/rejected answer, lost silently)."""
+def check_fits(record: dict[str, Any], kind: str, tokenizer: Any, max_length: int, use_chat_template: bool = True) -> str:
+    """Raise `RowError` when a record cannot teach what it says once tokenised and cut to ``max_length``: a
+    character the tokenizer cannot encode (it would silently become its unknown token, padding for a char
+    tokenizer), a prompt that alone fills ``max_length`` (no target token left), or a preference pair whose
+    chosen and rejected sequences are identical once cut. Returns why the record will be cut ("" when it fits)."""
     from toolbox.data.rows import RowError
 
+    unknown_characters(record, tokenizer)
     unlimited = 1 << 30
     if kind == "sft":
         examples = [encode_sft(record, tokenizer, unlimited, use_chat_template)]
@@ -132,3 +143,31 @@ def check_fits(record: dict[str, Any], kind: str, tokenizer: Any, max_length: in
             first = example.loss_mask.index(1) if 1 in example.loss_mask else len(example)
             raise RowError(f"the prompt is {first} tokens, so nothing of the answer fits in max_length={max_length} "
                            "(raise algorithm.max_length or shorten the prompt)")
+    if kind == "preference" and examples[0].cut(max_length) == examples[1].cut(max_length):
+        raise RowError(f"chosen and rejected are identical once cut to max_length={max_length} tokens, so the pair "
+                       "teaches nothing (raise algorithm.max_length)")
+    if "text" in record:
+        return ""  # a long document is split into max_length pieces (`text_chunks`), not cut
+    longest = max(len(e) for e in examples)
+    return f"{longest} tokens, longer than algorithm.max_length={max_length}" if longest > max_length else ""
+
+
+def unknown_characters(record: dict[str, Any], tokenizer: Any) -> None:
+    """Raise `RowError` naming the characters of a record's texts that the tokenizer maps to its unknown token."""
+    from toolbox.data.rows import RowError
+
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return
+    for key, text in record_texts(record):
+        if unk in tokenizer(text, add_special_tokens=False)["input_ids"]:
+            bad = sorted(c for c in set(text) if unk in tokenizer(c, add_special_tokens=False)["input_ids"])
+            raise RowError(f"field {key!r} has characters the tokenizer cannot encode: {''.join(bad)!r} (they would "
+                           "become its unknown token; a tiny model's alphabet comes from the task)")
+
+
+def record_texts(record: dict[str, Any]) -> list[tuple[str, str]]:
+    """(field, text) of every text of a normalised record, message contents included."""
+    out = [(k, v) for k, v in record.items() if isinstance(v, str)]
+    out += [(f"messages[{i}]", m["content"]) for i, m in enumerate(record.get("messages", []))]
+    return out

@@ -16,8 +16,10 @@ holds it. Malformed rows follow ``data.on_bad_row`` (see `toolbox.data.rows.scre
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -25,13 +27,23 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from toolbox.core.errors import ConfigError
 from toolbox.data.order import EpochOrder
-from toolbox.data.rows import DataConfig, RowError, is_local, read_rows, screen, text_field
+from toolbox.data.rows import (
+    MAX_LISTED,
+    DataConfig,
+    RowError,
+    is_local,
+    local_path,
+    read_rows,
+    screen,
+    text_field,
+)
 from toolbox.data.tasks import Problem, Task
 
 Kind = Literal["sft", "preference"]
 Record = dict[str, Any]
 Messages = list[dict[str, str]]
 ROLES = ("system", "user", "assistant", "tool")
+log = logging.getLogger(__name__)
 
 
 class OfflineDataConfig(BaseModel):
@@ -56,8 +68,8 @@ class OfflineDataConfig(BaseModel):
         """Local paths become absolute (ranks may run elsewhere); rows are checked with the whole config."""
         for field in ("dataset", "eval_dataset"):
             value = getattr(self, field)
-            if value and is_local(value):
-                setattr(self, field, str(Path(value).expanduser().resolve()))
+            if value and is_local(value):  # a shipped recipe's ./configs/data/... resolves from anywhere
+                setattr(self, field, str(local_path(value)))
         return self
 
     @property
@@ -65,16 +77,29 @@ class OfflineDataConfig(BaseModel):
         """The experiment's `data` section (bad-row policy), as the config check handed it over."""
         return self._data
 
-    def check_rows(self, data: DataConfig) -> None:
-        """Read every dataset now with ``data``'s policy, so a bad row fails before any actor starts."""
+    def check_rows(self, data: DataConfig, tokenizer: Any = None) -> None:
+        """Read every dataset now with ``data``'s policy, so a bad row fails before any actor starts.
+
+        With the model's ``tokenizer`` (the driver has it once the model is resolved) each record is also
+        tokenised: unknown characters, pairs identical once cut and prompts that fill ``max_length`` are bad
+        rows, listed with the others in one error, and the rows cut to ``max_length`` are counted.
+        """
         self._data = data
+        fits = None if tokenizer is None else self.fits(tokenizer)
         for field in ("dataset", "eval_dataset"):
             value = getattr(self, field)
             if value:
                 try:
-                    load_records(value, self.record_kind, data.on_bad_row)
+                    load_records(value, self.record_kind, data.on_bad_row, fits, data.on_overflow)
                 except ConfigError as err:
                     raise ConfigError(f"algorithm.{field}: {err}") from None
+
+    def fits(self, tokenizer: Any) -> Callable[[Record], str]:
+        """The tokenised check of one record (`toolbox.data.encode.check_fits`) with this section's settings."""
+        from toolbox.data.encode import check_fits
+
+        return partial(check_fits, kind=self.record_kind, tokenizer=tokenizer, max_length=self.max_length,
+                       use_chat_template=self.use_chat_template)
 
     def check_batch(self, num_workers: int, micro_batch_size: int, unit: str, strict_micro: bool = True) -> None:
         """Batch arithmetic, checked before any actor starts."""
@@ -107,6 +132,9 @@ def _as_messages(value: Any, key: str, role: str) -> Messages:
 
 
 def _sft_record(row: Any) -> Record:
+    if isinstance(row, dict) and "text" in row and not {"prompt", "response", "completion", "messages"} & row.keys():
+        # A raw-text document: next-token pretraining on all of it (EOS, not a newline, ends it).
+        return {"text": text_field(row, "text").strip("\n")}
     text_or_list = isinstance(row, dict) and any(isinstance(row.get(k), list) for k in ("prompt", "completion"))
     if isinstance(row, dict) and "messages" in row:
         messages = messages_field(row["messages"], "messages")
@@ -150,21 +178,32 @@ def normalize_record(row: Any, kind: Kind) -> Record:
 
 
 def load_records(path: str | Path, kind: Kind, on_bad_row: str = "error",
-                 fits: Callable[[Record], None] | None = None) -> list[Record]:
+                 fits: Callable[[Record], str] | None = None, on_overflow: str = "warn") -> list[Record]:
     """Every record of ``path`` (split 'train'), normalised and checked; bad rows named ``file:row`` follow ``on_bad_row``.
 
-    ``fits`` (given where a tokenizer is at hand: the learner ranks) raises `RowError` for a record that
-    does not fit the model, e.g. whose prompt alone fills ``max_length`` and so leaves nothing to learn.
+    ``fits`` (given where a tokenizer is at hand) raises `RowError` for a record that does not fit the model
+    (see `toolbox.data.encode.check_fits`) and says why a record will be cut to ``max_length``: with
+    ``on_overflow="error"`` that is a bad row too, else the cut rows are counted and logged once, here.
     """
     source = str(path)
+    cut: list[int] = []
 
-    def check(row: Any) -> Record:
-        record = normalize_record(row, kind)
-        if fits is not None:
-            fits(record)
+    def check(numbered: tuple[int, Any]) -> Record:
+        row, value = numbered
+        record = normalize_record(value, kind)
+        overflow = fits(record) if fits is not None else ""
+        if overflow and on_overflow == "error":
+            raise RowError(f"{overflow} (data.on_overflow=error; 'warn' cuts it)")
+        if overflow:
+            cut.append(row)
         return record
 
-    return screen(read_rows(source), check, source, on_bad_row)
+    records = screen([(row, (row, value)) for row, value in read_rows(source)], check, source, on_bad_row)
+    if cut:
+        rows = ", ".join(map(str, cut[:MAX_LISTED])) + (", ..." if len(cut) > MAX_LISTED else "")
+        log.warning("data: %d of %d records of %s are longer than algorithm.max_length and are cut at the end "
+                    "(rows %s); data.on_overflow=error refuses them", len(cut), len(records), source, rows)
+    return records
 
 
 def load_jsonl(path: str | Path, kind: Kind) -> list[Record]:
@@ -201,16 +240,18 @@ class RecordSource:
 
     @classmethod
     def train(cls, cfg: OfflineDataConfig, kind: Kind, seed: int, task: Task,
-              fits: Callable[[Record], None] | None = None) -> RecordSource:
+              fits: Callable[[Record], str] | None = None) -> RecordSource:
         if cfg.dataset:
-            return cls(kind, seed, records=load_records(cfg.dataset, kind, cfg.data.on_bad_row, fits))
+            return cls(kind, seed, records=load_records(cfg.dataset, kind, cfg.data.on_bad_row, fits,
+                                                        cfg.data.on_overflow))
         return cls(kind, seed, task=task)
 
     @classmethod
     def held_out(cls, cfg: OfflineDataConfig, kind: Kind, seed: int, task: Task,
-                 fits: Callable[[Record], None] | None = None) -> RecordSource | None:
+                 fits: Callable[[Record], str] | None = None) -> RecordSource | None:
         if cfg.eval_dataset:
-            return cls(kind, seed, records=load_records(cfg.eval_dataset, kind, cfg.data.on_bad_row, fits))
+            return cls(kind, seed, records=load_records(cfg.eval_dataset, kind, cfg.data.on_bad_row, fits,
+                                                        cfg.data.on_overflow))
         return None if cfg.dataset else cls(kind, seed + 7919, task=task)
 
     def step(self, step: int, n: int) -> list[Record]:

@@ -71,6 +71,13 @@ def pad_examples(examples: list[Example], pad_id: int, width: int | None = None)
     return _rows_to_batch([[e] for e in examples], max(width, 1), pad_id, packed=False)
 
 
+def text_chunks(document: Example, max_length: int) -> list[Example]:
+    """A raw-text document as consecutive pieces of at most ``max_length`` tokens (pretraining keeps all of a long
+    document rather than cutting it); each piece is packed as a document of its own, its positions from 0."""
+    return [Example(document.input_ids[i : i + max_length], document.loss_mask[i : i + max_length])
+            for i in range(0, len(document), max_length)]
+
+
 def pack_examples(examples: list[Example], row_length: int, pad_id: int) -> TokenBatch:
     """Several examples per row of ``row_length`` tokens, first-fit in the given order (deterministic).
 

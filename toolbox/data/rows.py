@@ -27,7 +27,7 @@ from toolbox.core.errors import ConfigError
 T = TypeVar("T")
 Row = tuple[int, Any]  # (1-based row number, the row as read)
 log = logging.getLogger(__name__)
-BUILDERS = {".json": "json", ".parquet": "parquet", ".csv": "csv"}
+BUILDERS = {".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}  # .txt: {"text"} documents
 MAX_LISTED = 20
 
 
@@ -38,6 +38,9 @@ class DataConfig(BaseModel):
     on_bad_row: Literal["error", "skip"] = Field(
         "error", description="A malformed row (missing field, wrong type, empty text, too long): 'error' stops "
         "before training and lists up to 20 of them with file:row; 'skip' drops them and says how many at start.")
+    on_overflow: Literal["warn", "error"] = Field(
+        "warn", description="An offline record longer than algorithm.max_length tokens: 'warn' cuts it at the end and "
+        "says at start how many were cut (and which rows); 'error' makes it a bad row (see on_bad_row).")
 
 
 class RowError(Exception):
@@ -111,7 +114,9 @@ def _hub_rows(name: str, split: str) -> list[Row]:
 def _load_file(builder: str, path: Path) -> Any:
     import datasets
 
-    table = datasets.load_dataset(builder, data_files=str(path), split="train")
+    # A .txt file holds raw-text documents separated by blank lines, each a {"text": ...} row.
+    options = {"sample_by": "paragraph"} if builder == "text" else {}
+    table = datasets.load_dataset(builder, data_files=str(path), split="train", **options)
     if builder == "csv":  # CSV cells are text: keep "42" a string rather than the integer pandas infers
         table = table.cast(datasets.Features({name: datasets.Value("string") for name in table.column_names}))
     return table

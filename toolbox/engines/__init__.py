@@ -6,4 +6,5 @@ from toolbox.rl.batch import PromptRequest
 
 __all__ = ["ENGINES", "InferenceEngine", "PromptRequest", "SamplingConfig"]
 
+from toolbox.agents import multi_turn  # noqa: E402,F401  (registers the multi_turn engine, tool_env, tools)
 from toolbox.engines import hf, http, sglang, vllm  # noqa: E402,F401  (registers the built-in engines)

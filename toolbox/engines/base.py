@@ -38,3 +38,29 @@ class InferenceEngine(Protocol):
 
 
 ENGINES: Registry[InferenceEngine] = Registry("engine")
+
+
+class Sleepable(Protocol):
+    """What an engine may add to `InferenceEngine`: free its accelerator memory while a colocated learner trains.
+
+    ``sleep()`` drops the KV cache and moves or drops the weights; ``wake()`` takes the memory back, after which
+    the engine generates and loads weights again (with vLLM's level 1, the weights it had). Both are optional:
+    `sleep_engine` / `wake_engine` do nothing for an engine without them (a CPU engine, an HTTP server)."""
+
+    def sleep(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+
+def sleep_engine(engine: Any) -> None:
+    """``engine.sleep()`` where the engine has one; a no-op otherwise."""
+    sleep = getattr(engine, "sleep", None)
+    if sleep is not None:
+        sleep()
+
+
+def wake_engine(engine: Any) -> None:
+    """``engine.wake()`` where the engine has one; a no-op otherwise."""
+    wake = getattr(engine, "wake", None)
+    if wake is not None:
+        wake()

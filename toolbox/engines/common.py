@@ -1,7 +1,8 @@
 """Helpers the non-HF engines (vllm, sglang, http) share: completions -> `RolloutBatch`, finish reasons, seeds.
 
 Each of those engines receives a completion per request as token-id and log-prob lists; this module turns
-them into one batch, maps finish reasons, draws per-request seeds and counts the bytes of a weight update.
+them into one batch, maps finish reasons, draws per-request seeds and counts the bytes of a weight update;
+`check_engine_gpus` checks at config load that a rollout worker reserves the GPUs its engine shards over.
 Not here: anything about a backend's own API (in its module), or the hf engine's tensor-level path.
 """
 
@@ -14,16 +15,22 @@ from typing import Any
 
 import torch
 
+from toolbox.core.errors import ConfigError
 from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest, RolloutBatch
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One completion: response token ids, the behaviour log-prob of each, and a finish code."""
+    """One completion: response token ids, the behaviour log-prob of each, and a finish code.
+
+    ``own_mask`` (1: the model's own token) is for responses that interleave other tokens (a multi-turn
+    episode's environment turns); ``None`` means every token is the model's.
+    """
 
     ids: list[int]
     logprobs: list[float]
     finish: int
+    own_mask: list[int] | None = None
 
 
 def finish_code(reason: Any, where: str) -> int:
@@ -50,8 +57,9 @@ def batch_from_samples(requests: list[PromptRequest], samples: list[Sample], pad
     if len(samples) != len(requests):
         raise ValueError(f"engine returned {len(samples)} completions for {len(requests)} prompts")
     for i, s in enumerate(samples):
-        if len(s.ids) != len(s.logprobs):
-            raise ValueError(f"row {i}: {len(s.ids)} response tokens but {len(s.logprobs)} log-probs")
+        if len(s.ids) != len(s.logprobs) or (s.own_mask is not None and len(s.own_mask) != len(s.ids)):
+            raise ValueError(f"row {i}: {len(s.ids)} response tokens but {len(s.logprobs)} log-probs and "
+                             f"{'no' if s.own_mask is None else len(s.own_mask)} own-mask entries")
     b = len(requests)
     p = max(len(r.ids) for r in requests)
     r = max(1, max(len(s.ids) for s in samples))
@@ -60,6 +68,7 @@ def batch_from_samples(requests: list[PromptRequest], samples: list[Sample], pad
     response_ids = torch.full((b, r), pad_id, dtype=torch.long)
     response_mask = torch.zeros((b, r), dtype=torch.long)
     logprobs = torch.zeros((b, r), dtype=torch.float32)
+    own_mask = torch.zeros((b, r), dtype=torch.long)
     for i, (req, s) in enumerate(zip(requests, samples)):
         prompt_ids[i, p - len(req.ids) :] = torch.tensor(req.ids, dtype=torch.long)
         prompt_mask[i, p - len(req.ids) :] = 1
@@ -67,6 +76,7 @@ def batch_from_samples(requests: list[PromptRequest], samples: list[Sample], pad
         response_ids[i, :n] = torch.tensor(s.ids, dtype=torch.long)
         response_mask[i, :n] = 1
         logprobs[i, :n] = torch.tensor(s.logprobs, dtype=torch.float32)
+        own_mask[i, :n] = 1 if s.own_mask is None else torch.tensor(s.own_mask, dtype=torch.long)
     return RolloutBatch(
         prompt_ids_BP=prompt_ids,
         prompt_mask_BP=prompt_mask,
@@ -76,9 +86,22 @@ def batch_from_samples(requests: list[PromptRequest], samples: list[Sample], pad
         group_B=torch.tensor([q.group for q in requests], dtype=torch.long),
         finish_B=torch.tensor([s.finish for s in samples], dtype=torch.long),
         extras=[q.extras for q in requests],
+        own_mask_BR=None if all(s.own_mask is None for s in samples) else own_mask,
     )
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes held by ``tensors``: what a weight update reports it loaded."""
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def check_engine_gpus(engine: Any, gpus_per_worker: float) -> None:
+    """A tensor-parallel engine (vllm ``tensor_parallel_size``, sglang ``tp_size``) runs inside one rollout worker on
+    the GPUs Ray gave that worker, so the worker must reserve exactly that many (fractions are for sharing one GPU)."""
+    field = next((f for f in ("tensor_parallel_size", "tp_size") if hasattr(engine, f)), None)
+    if field is None:
+        return
+    tp = int(getattr(engine, field))
+    if (tp > 1 or gpus_per_worker > 1) and gpus_per_worker != tp:
+        raise ConfigError(f"rollout.engine.{field} is {tp} but rollout.gpus_per_worker is {gpus_per_worker:g}: "
+                          f"each rollout worker runs one engine on the GPUs it reserves; set rollout.gpus_per_worker: {tp}")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolbox.engines.base import ENGINES, SamplingConfig
+from toolbox.learner.strategy import resolve_device
 from toolbox.models.loading import load_causal_lm, load_tokenizer
 from toolbox.models.logprobs import token_logprobs
 from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest, RolloutBatch
@@ -19,17 +20,25 @@ class HFEngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     max_batch_size: int = Field(256, ge=1, description="Prompts per model.generate call.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "cpu", description="Where the model generates: 'auto' is cuda when the rollout worker has a GPU "
+        "(rollout.gpus_per_worker > 0), else cpu. Batches come back on the CPU either way.")
 
 
 @ENGINES.register("hf", config=HFEngineConfig)
 class HFEngine:
-    """Samples with ``transformers``; behaviour log-probs are ``log_softmax(logits / T)`` of sampled tokens."""
+    """Samples with ``transformers``; behaviour log-probs are ``log_softmax(logits / T)`` of sampled tokens.
+
+    Sampling draws from the process's global torch generator, seeded here once; its state is the
+    engine's sampling state, which `toolbox.actors.rollout.RolloutWorker.get_state` puts in checkpoints.
+    """
 
     def __init__(self, model_path: str, dtype: str = "float32", config: HFEngineConfig | None = None,
                  seed: int = 0, trust_remote_code: bool = False) -> None:
         self.config = config or HFEngineConfig()
         self.tokenizer = load_tokenizer(model_path, trust_remote_code)
-        self.model = load_causal_lm(model_path, dtype, trust_remote_code).eval()
+        self.device = resolve_device(self.config.device, "rollout.engine.device")
+        self.model = load_causal_lm(model_path, dtype, trust_remote_code).eval().to(self.device)
         self.generator_seed = seed
         torch.manual_seed(seed)
 
@@ -49,8 +58,8 @@ class HFEngine:
             prompt_mask[i, width - len(r.ids) :] = 1
         greedy = sampling.temperature == 0.0
         out = self.model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
+            input_ids=prompt_ids.to(self.device),
+            attention_mask=prompt_mask.to(self.device),
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p,
@@ -63,7 +72,7 @@ class HFEngine:
             return_dict_in_generate=True,
             output_logits=True,
         )
-        response = out.sequences[:, width:]
+        response = out.sequences[:, width:].cpu()
         logp = token_logprobs(torch.stack(out.logits, dim=1), response, 1.0 if greedy else sampling.temperature)
         mask, finish = _response_mask(response, eos if sampling.stop_at_eos else None)
         return RolloutBatch(
@@ -79,6 +88,18 @@ class HFEngine:
 
     def update_weights(self, buckets: list[WeightBucket]) -> int:
         return load_into(self.model, buckets)
+
+    def sleep(self) -> None:
+        """On cuda: the model moves to host memory and the cached device blocks are freed (a colocated learner
+        trains meanwhile); on cpu: nothing to free."""
+        if self.device.type == "cuda":
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        """The model back on its device after `sleep`."""
+        if self.device.type == "cuda":
+            self.model.to(self.device)
 
     def state_dict(self) -> dict[str, Any]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

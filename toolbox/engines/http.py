@@ -7,6 +7,12 @@ or older vLLM's ``return_tokens_as_token_ids``, which spells each token "token_i
 text is tokenized again with the model's tokenizer, and a row whose token count then disagrees with
 its log-prob count is an error rather than a misaligned sample.
 
+Behaviour log-probs must follow the training definition, ``log_softmax(logits / T)`` of the sampled token
+(what the hf engine and the learners compute). A vLLM server reports ``--logprobs-mode raw_logprobs`` by
+default: the log-probs of the logits *before* temperature, which do not match unless T = 1. Start vLLM with
+``--logprobs-mode processed_logprobs``. SGLang's ``output_token_logprobs`` already follow the definition
+(unless ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is set).
+
 Weights: at start the engine asks ``GET {base_url}/toolbox/info`` whether the server is our own
 (`toolbox.serve`) with its weight-update endpoint on. If so, `update_weights` posts the learner's
 full state dict there as one safetensors body, authorised by an admin token read from the
@@ -27,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer, field_validator
 
 from toolbox.core.errors import ConfigError
 from toolbox.engines.base import ENGINES, SamplingConfig
@@ -39,6 +45,8 @@ from toolbox.rl.weights import WeightBucket, unpack_all
 log = logging.getLogger(__name__)
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's spelling of a token under return_tokens_as_token_ids
 PROBE_TIMEOUT_S = 10.0  # the info probe is tiny; do not wait the completion timeout for it
+NO_KEY = "EMPTY"  # the placeholder key local servers accept: not a secret
+MASK = "**********"  # what a saved config shows in place of a real key
 
 
 class HTTPEngineConfig(BaseModel):
@@ -46,8 +54,9 @@ class HTTPEngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     base_url: str = Field(default="http://127.0.0.1:8000/v1", description="Server URL up to and including /v1.")
-    api_key: str = Field(default="EMPTY", description="Bearer token; local vLLM/SGLang servers accept any value. "
-                         "A real key belongs in api_key_env, not here (the config is written to config.yaml).")
+    api_key: SecretStr = Field(default=SecretStr(NO_KEY), description="Bearer token (default EMPTY: local vLLM/SGLang "
+                               "servers accept any value). Kept secret: config.yaml, `toolbox config` and trackers show it masked, "
+                               "so a run resumed from its config.yaml needs the key again; prefer api_key_env.")
     api_key_env: str = Field(
         default="", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$",
         description="Name of the environment variable (on the rollout workers) holding the API key; set: it "
@@ -92,6 +101,44 @@ class HTTPEngineConfig(BaseModel):
         "server keeps its own): only for sampling from a fixed policy.",
     )
 
+    @field_validator("api_key")
+    @classmethod
+    def _not_the_mask(cls, key: SecretStr) -> SecretStr:
+        if key.get_secret_value() == MASK:
+            raise ValueError("this is the mask a saved config shows in place of the key, not a key: put the key in "
+                             "an environment variable and set rollout.engine.api_key_env to its name")
+        return key
+
+    @field_serializer("api_key", when_used="json")
+    def _masked(self, key: SecretStr) -> str:
+        """The key as config.yaml and `toolbox config` show it: masked (the placeholder ``EMPTY`` is no secret)."""
+        return NO_KEY if key.get_secret_value() == NO_KEY else MASK
+
+    def training_problem(self, probe: bool = False) -> str:
+        """Why a training run (which must load the learner's weights into the server every step) cannot use this
+        engine; empty when it can or cannot be told. ``probe``: also ask the server (`probe_server`); a server
+        that does not answer, or refuses the request's key, cannot be told (the rollout worker asks again)."""
+        if self.allow_stale_weights:
+            return ""
+        if not self.push_weights:
+            return "rollout.engine.push_weights is false"
+        if not probe:
+            return ""
+        key = os.environ.get(self.api_key_env, "") if self.api_key_env else self.api_key.get_secret_value()
+        try:
+            info = probe_server(self.base_url, key)
+        except ServerUnreachableError:
+            return ""
+        if info.ours and not info.weight_update:
+            return f"{info.note}: start toolbox.serve with TOOLBOX_SERVE_ADMIN_TOKEN set"
+        return "" if info.ours or info.status in (401, 403) else info.note
+
+    def check_training(self, probe: bool = False) -> None:
+        """`ConfigError` naming the fix when a training run cannot load its weights into the server."""
+        problem = self.training_problem(probe)
+        if problem:
+            raise ConfigError(f"rollout.engine: {stale_weights_message(self.base_url, problem)}")
+
 
 @dataclass(frozen=True)
 class ServerInfo:
@@ -101,6 +148,7 @@ class ServerInfo:
     weight_update: bool = False
     model: str = ""
     note: str = ""
+    status: int = 200
 
 
 class ServerUnreachableError(RuntimeError):
@@ -134,13 +182,21 @@ def probe_server(base_url: str, api_key: str, timeout_s: float = PROBE_TIMEOUT_S
     url = f"{base_url.rstrip('/')}/toolbox/info"
     status, body = _http(url, headers={"Authorization": f"Bearer {api_key}"}, timeout_s=timeout_s)
     if status != 200:
-        return ServerInfo(ours=False, note=f"GET {url} answered {status}")
+        return ServerInfo(ours=False, note=f"GET {url} answered {status}", status=status)
     try:
         info = json.loads(body)
         return ServerInfo(ours=True, weight_update=info["weight_update"] is True, model=str(info.get("model", "")),
                           note=f"GET {url}: weight_update={info['weight_update']!r}")
     except (ValueError, KeyError, TypeError):
         return ServerInfo(ours=False, note=f"GET {url} answered 200 but not toolbox's info JSON: {_snippet(body)}")
+
+
+def stale_weights_message(base_url: str, why: str) -> str:
+    """Why training cannot use the server at ``base_url`` (``why``), and the ways out."""
+    return (f"the http engine's server at {base_url} does not take the learner's weight updates ({why}), so "
+            "training would keep sampling from a stale policy. Serve the model with toolbox.serve "
+            "(TOOLBOX_SERVE_ADMIN_TOKEN set on the server and the rollout workers), use the vllm or sglang engine, "
+            "or set rollout.engine.allow_stale_weights: true to sample from a fixed policy on purpose")
 
 
 def prompt_rows(requests: list[PromptRequest]) -> list[list[int]]:
@@ -184,7 +240,8 @@ class HTTPEngine:
         self.config = cfg = config or HTTPEngineConfig()
         self.tokenizer = load_tokenizer(model_path, trust_remote_code)
         self.model = cfg.model or model_path
-        self._api_key = self._secret(cfg.api_key_env, "api_key_env") if cfg.api_key_env else cfg.api_key
+        self._api_key = (self._secret(cfg.api_key_env, "api_key_env") if cfg.api_key_env
+                         else cfg.api_key.get_secret_value())
         self.client = openai.OpenAI(
             base_url=cfg.base_url, api_key=self._api_key, timeout=cfg.timeout_s, max_retries=cfg.max_retries
         )
@@ -296,13 +353,7 @@ class HTTPEngine:
             return self._push(buckets)
         if not self.config.allow_stale_weights:
             why = self.server.note if self.config.push_weights else "rollout.engine.push_weights is false"
-            raise NotImplementedError(
-                f"http engine: the server at {self.config.base_url} does not take weight pushes ({why}), so the "
-                "learner's update cannot reach it and on-policy training would silently sample a stale policy. "
-                "Serve the model with toolbox.serve "
-                "and TOOLBOX_SERVE_ADMIN_TOKEN set, use the vllm or sglang engine, or set "
-                "http.allow_stale_weights: true to sample from a fixed policy on purpose."
-            )
+            raise NotImplementedError(stale_weights_message(self.config.base_url, why))
         log.warning("http engine: skipping a weight update of %d buckets; %s keeps its own weights",
                     len(buckets), self.config.base_url)
         return 0

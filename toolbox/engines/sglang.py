@@ -2,8 +2,10 @@
 
 ``Engine.update_weights_from_tensor(named_tensors, load_format=None, flush_cache=True)`` serialises
 the tensors with torch's multiprocessing reductions (CUDA IPC for GPU tensors, shared memory for CPU
-ones) to every tensor-parallel scheduler, which calls ``model.load_weights``. We stage each bucket on
-the GPU first, as SGLang's own tests do, and flush the radix cache only after the last bucket.
+ones) to every tensor-parallel scheduler, which calls ``model.load_weights``. SGLang 0.5.23 refuses it
+outside a weight-update session, so a sync is ``begin_weight_update()``, one ``update_weights_from_tensor``
+per bucket, ``end_weight_update()`` (which finalises quantized weights into kernel layout). We stage each
+bucket on the GPU first, as SGLang's own tests do, and flush the radix cache only after the last bucket.
 
 Behaviour log-probs are SGLang's ``output_token_logprobs``: ``log_softmax(logits / T)`` before
 top-k/top-p filtering (unless ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is set, which makes them raw),
@@ -87,7 +89,15 @@ class SGLangEngine:
         return batch_from_samples(requests, samples, int(self.tokenizer.pad_token_id))
 
     def update_weights(self, buckets: list[WeightBucket]) -> int:
-        """Load each bucket with ``update_weights_from_tensor``; returns the bytes sent."""
+        """Load each bucket with ``update_weights_from_tensor`` inside one weight-update session; returns the bytes
+        sent. The session is closed even when a bucket fails, so the engine can take the next sync."""
+        _check(self.engine.begin_weight_update(), "begin_weight_update")
+        try:
+            return self._send(buckets)
+        finally:
+            _check(self.engine.end_weight_update(), "end_weight_update")
+
+    def _send(self, buckets: list[WeightBucket]) -> int:
         loaded = 0
         for k, bucket in enumerate(buckets):
             named = list(unpack_bucket(bucket).items())

@@ -1,15 +1,23 @@
 """The vLLM engine: ``vllm.LLM`` offline generation, weights synced through vLLM's native weight transfer.
 
 Weight sync uses vLLM's ``ipc`` backend (``init_weight_transfer_engine`` / ``start_weight_update`` /
-``update_weights`` / ``finish_weight_update``, docs.vllm.ai "training/weight_transfer"): each bucket is
-copied onto the GPU(s) this process shares with vLLM and handed over as CUDA IPC handles.
+``update_weights`` / ``finish_weight_update``, vllm 0.33 ``vllm/distributed/weight_transfer/ipc_engine.py``):
+each bucket is copied onto the GPU(s) this process shares with vLLM and handed over as CUDA IPC handles, one
+``{gpu uuid: rebuild_cuda_tensor args}`` dict per tensor -- the ``args`` half of ``reduce_tensor``, which the
+receiver indexes (it overwrites args[6], the device). vLLM reloads layer-wise between start and finish, so
+every GPU copy is kept alive until ``finish_weight_update`` has returned, as vLLM's own trainer side does.
 
-Not covered without a GPU: unit tests use a fake ``vllm`` module; the IPC path runs only on a GPU
-machine.
+With ``tensor_parallel_size > 1`` the engine uses vLLM's ``mp`` executor: inside a Ray actor vLLM would
+otherwise pick its Ray executor, which refuses the single multi-GPU bundle the actor already holds.
+
+Not covered without a GPU: CI's unit tests use a fake ``vllm`` module; where vllm is installed
+(``scripts/engine_contracts.sh``) the payload goes through vLLM's real worker-side receiver with CUDA mocked;
+the real IPC transfer runs in ``tests/gpu`` on a GPU machine.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from typing import Any, Literal
@@ -23,6 +31,7 @@ from toolbox.models.loading import load_tokenizer
 from toolbox.rl.batch import PromptRequest, RolloutBatch
 from toolbox.rl.weights import WeightBucket, unpack_bucket
 
+log = logging.getLogger(__name__)
 
 class VLLMEngineConfig(BaseModel):
     """Options of the ``vllm`` engine (passed to ``vllm.LLM``)."""
@@ -74,6 +83,10 @@ class VLLMEngine:
 
         self._vllm = vllm
         cfg = self.config
+        extra = dict(cfg.engine_kwargs)
+        if cfg.tensor_parallel_size > 1:
+            # One actor holds one bundle with all the engine's GPUs; vLLM's Ray executor would want a bundle per GPU.
+            extra.setdefault("distributed_executor_backend", "mp")
         self.llm = vllm.LLM(
             model=model_path,
             dtype=dtype,
@@ -86,10 +99,12 @@ class VLLMEngine:
             enable_sleep_mode=cfg.enable_sleep_mode,
             logprobs_mode=cfg.logprobs_mode,
             weight_transfer_config={"backend": "ipc"},
-            **cfg.engine_kwargs,
+            **extra,
         )
-        # The IPC backend needs no rendezvous, but vLLM wants the engine initialised once.
-        self.llm.init_weight_transfer_engine({"init_info": {}})
+        # The IPC backend needs no rendezvous; init tells the workers the wire format (one handle per tensor).
+        self.llm.init_weight_transfer_engine({"init_info": {"packed": False}})
+        log.info("vllm engine: weight sync path: learner buckets via the object store, then CUDA IPC into vLLM's "
+                 "workers (%d GPU(s) visible here)", torch.cuda.device_count())
 
     def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
         seeds = request_seeds(self._rng, len(requests), self.config.seeded)
@@ -111,26 +126,23 @@ class VLLMEngine:
         return batch_from_samples(requests, samples, int(self.tokenizer.pad_token_id))
 
     def update_weights(self, buckets: list[WeightBucket]) -> int:
-        """Send each bucket through vLLM's IPC weight transfer; returns the bytes sent."""
+        """Send each bucket through vLLM's IPC weight transfer (start, one update per bucket, finish); returns the
+        bytes sent."""
         if not torch.cuda.is_available():
             raise RuntimeError("vllm engine: weight sync over CUDA IPC needs a GPU visible to the rollout worker")
         llm, loaded = self.llm, 0
-        # start/finish exist from the four-phase API on; earlier releases had update_weights only.
-        if hasattr(llm, "start_weight_update"):
-            llm.start_weight_update()
+        # The receivers map these copies and may load them as late as finish_weight_update: keep them until then.
+        keep_alive: list[torch.Tensor] = []
+        llm.start_weight_update()
         for bucket in buckets:
             tensors = unpack_bucket(bucket)
-            gpu_copies, handles = _share_on_gpus(tensors)
-            llm.update_weights({"update_info": {
-                "names": list(tensors),
-                "dtype_names": [str(t.dtype).removeprefix("torch.") for t in tensors.values()],
-                "shapes": [list(t.shape) for t in tensors.values()],
-                "ipc_handles": handles,
-            }})
-            del gpu_copies  # update_weights is synchronous: vLLM has copied them by now
+            copies, handles = _share_on_gpus(tensors)
+            keep_alive += copies
+            llm.update_weights({"update_info": ipc_update_info(tensors, handles)})
             loaded += tensor_bytes(tensors.values())
-        if hasattr(llm, "finish_weight_update"):
-            llm.finish_weight_update()
+        llm.finish_weight_update()
+        del keep_alive
+        torch.cuda.ipc_collect()  # let the driver free the shared blocks the workers have now released
         # Cached prefixes hold KV computed by the old weights.
         llm.reset_prefix_cache()
         return loaded
@@ -162,24 +174,41 @@ def _sample(out: Any, row: int) -> Sample:
     return Sample(ids, logprobs, finish_code(completion.finish_reason, f"vllm engine row {row}"))
 
 
-def _share_on_gpus(tensors: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
-    """Copy each tensor onto every visible GPU and return {gpu uuid: CUDA IPC handle} per tensor.
+def ipc_update_info(tensors: dict[str, torch.Tensor], handles: list[dict[str, tuple]]) -> dict[str, Any]:
+    """The fields of vLLM's ``IPCWeightTransferUpdateInfo`` for one bucket (unpacked: one handle dict per tensor)."""
+    return {
+        "names": list(tensors),
+        "dtype_names": [str(t.dtype).removeprefix("torch.") for t in tensors.values()],
+        "shapes": [list(t.shape) for t in tensors.values()],
+        "ipc_handles": handles,
+    }
 
-    vLLM's IPC receiver looks up its own GPU's UUID, so with tensor parallelism every worker's
-    GPU needs its own copy. The copies must stay alive until vLLM has loaded them.
+
+def _share_on_gpus(tensors: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], list[dict[str, tuple]]]:
+    """Copy each tensor onto every visible GPU; per tensor, ``{gpu uuid: rebuild_cuda_tensor args}``.
+
+    vLLM's IPC receiver looks up its own GPU's UUID, so with tensor parallelism every worker's GPU needs its
+    own copy. ``reduce_tensor`` returns ``(rebuild_cuda_tensor, args)``; the receiver wants ``args`` alone. The
+    args do not keep the storage alive: the caller holds the returned copies until the update is finished.
     """
     from torch.multiprocessing.reductions import reduce_tensor
 
     devices = range(torch.cuda.device_count())
     uuids = [str(torch.cuda.get_device_properties(d).uuid) for d in devices]
     copies: list[torch.Tensor] = []
-    handles: list[dict[str, Any]] = []
+    handles: list[dict[str, tuple]] = []
     for tensor in tensors.values():
         per_gpu = {}
         for d, uuid in zip(devices, uuids):
-            copy = tensor.to(f"cuda:{d}")
+            copy = _gpu_copy(tensor, d)
             copies.append(copy)
-            per_gpu[uuid] = reduce_tensor(copy)
+            _rebuild, args = reduce_tensor(copy)
+            per_gpu[uuid] = args
         handles.append(per_gpu)
     torch.cuda.synchronize()
     return copies, handles
+
+
+def _gpu_copy(tensor: torch.Tensor, device: int) -> torch.Tensor:
+    """A contiguous copy of ``tensor`` on ``cuda:device`` (the seam the CPU contract tests replace)."""
+    return tensor.to(f"cuda:{device}").contiguous()

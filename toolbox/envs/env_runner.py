@@ -5,12 +5,16 @@ Plain Python + torch; `toolbox.actors.env_runner.EnvRunnerWorker` makes it a Ray
 Episode boundaries follow gymnasium's SAME_STEP autoreset (see `toolbox.envs.make`):
 on a truncation (a time limit) the runner evaluates ``V(final observation)`` so the
 learner can bootstrap from it; on a termination there is nothing to bootstrap.
-Episodes run on across rollouts; the env state is not checkpointed (a resumed run
-starts fresh episodes).
+Episodes run on across rollouts, and a checkpoint keeps them (`get_state`): the env copies
+(pickled, with their own RNGs), the current observations, the episode tallies and the
+action-sampling generator, so a resumed run continues the very same episodes. An env that
+cannot be pickled is the exception: a resumed run then starts fresh episodes (it says so).
 """
 
 from __future__ import annotations
 
+import logging
+import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +27,8 @@ from toolbox.envs.trajectory import TrajectoryBatch
 from toolbox.models.mlp import ActorCritic, PolicyConfig, SpaceSpec
 from toolbox.models.running_stats import moments
 from toolbox.rl.weights import WeightBucket, load_into
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -46,6 +52,30 @@ class EnvRunner:
         self.ep_return, self.ep_len = np.zeros(n), np.zeros(n, dtype=np.int64)
         self.discounted = np.zeros(n)
         self._eval_envs: Any = None
+
+    def get_state(self) -> dict[str, Any]:
+        """Everything the next rollout depends on besides the weights (picklable, for a checkpoint)."""
+        try:
+            envs: bytes | None = pickle.dumps(self.envs.envs)
+        except (pickle.PicklingError, TypeError, AttributeError) as err:
+            log.warning("env.id=%s: its state cannot be pickled (%s); a run resumed from this checkpoint starts "
+                        "fresh episodes", self.env_cfg.id, err)
+            envs = None
+        return {"envs": envs, "obs": self.obs, "ep_return": self.ep_return.copy(), "ep_len": self.ep_len.copy(),
+                "discounted": self.discounted.copy(), "generator": self.generator.get_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue from what `get_state` returned (episodes in progress included, where the env was picklable)."""
+        self.generator.set_state(state["generator"])
+        if state["envs"] is None:
+            return
+        if len(state["ep_len"]) != self.env_cfg.num_envs:
+            log.warning("env.num_envs is %d, the checkpoint has %d env copies per runner: fresh episodes start",
+                        self.env_cfg.num_envs, len(state["ep_len"]))
+            return
+        self.envs.envs = pickle.loads(state["envs"])  # SAME_STEP autoreset keeps no other per-step state
+        self.obs = state["obs"]
+        self.ep_return, self.ep_len, self.discounted = state["ep_return"], state["ep_len"], state["discounted"]
 
     def load_weights(self, buckets: list[WeightBucket]) -> int:
         """Copy the learner's exported weights (and normalisation statistics) into the policy."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from toolbox.learner.lora import LoraConfig
 
 
 class OptimConfig(BaseModel):
@@ -31,7 +33,25 @@ class LearnerConfig(BaseModel):
         "fsdp2", description="'single' (one rank, no process group), 'ddp', or 'fsdp2' (fully_shard per block)."
     )
     backend: Literal["auto", "gloo", "nccl"] = Field(
-        "auto", description="torch.distributed backend; auto: gloo (learner models stay on the CPU in this release)."
+        "auto", description="torch.distributed backend; auto: nccl when the ranks run on cuda, gloo on cpu."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where each rank runs: 'auto' is cuda when Ray gave the rank a GPU (gpus_per_worker > 0), "
+        "else cpu; a rank uses the GPU Ray assigned it (cuda:0 inside the actor).",
+    )
+    mixed_precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="'bf16' (fsdp2 only): FSDP2 MixedPrecisionPolicy with bf16 gathered parameters and compute, "
+        "fp32 gradient reduction; sharded parameters and AdamW state stay fp32. Also runs on cpu.",
+    )
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each decoder block's activations in backward (less memory, ~1/3 more compute)."
+    )
+    offload: Literal["none", "optimizer", "params"] = Field(
+        "none",
+        description="fsdp2 on cuda: FSDP2 CPUOffloadPolicy. FSDP2 offloads sharded parameters, gradients and optimizer "
+        "state together (the AdamW step runs on the CPU), so 'optimizer' and 'params' are the same policy.",
     )
     micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward; gradients accumulate over them.")
     cpus_per_worker: float = Field(0.5, gt=0, description="Ray CPUs reserved per learner rank (logical; torch_threads sets real use).")
@@ -39,4 +59,21 @@ class LearnerConfig(BaseModel):
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads per rank.")
     bucket_mb: int = Field(256, ge=1, description="Size of the flat buffers weights are exported in.")
     timeout_s: float = Field(300.0, gt=0, description="Longest a learner call may take before the run fails.")
+    max_restarts: int = Field(0, ge=0, description="Times a run whose learner rank died starts every rank anew and "
+                              "continues from the newest complete checkpoint (from the start without one), redoing "
+                              "the steps since (online algorithms; counted in the learner_restarts metric). 0: a "
+                              "dead rank fails the run.")
+    max_bad_steps: int = Field(3, ge=0, description="Fail the run after this many optimizer steps in a row with a "
+                               "non-finite gradient norm (each is skipped and counted in the bad_steps metric); "
+                               "0: never fail, only skip.")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer settings.")
+    lora: LoraConfig | None = Field(None, description="LoRA adapters (peft) on the policy: only they train; weight "
+                                    "sync and export merge them into the base weights. Unset: full fine-tuning.")
+
+    @model_validator(mode="after")
+    def _fsdp2_only(self) -> LearnerConfig:
+        for name, off in (("mixed_precision", "fp32"), ("offload", "none")):
+            if getattr(self, name) != off and self.strategy != "fsdp2":
+                raise ValueError(f"learner.{name}: {getattr(self, name)!r} needs learner.strategy: fsdp2 (FSDP2's "
+                                 f"policies implement it), not {self.strategy!r}; use {off!r} or fsdp2")
+        return self

@@ -10,6 +10,7 @@ Only the policy is written; a critic or reference model is not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,9 @@ def write_hf_dir(model: Any, source: str, out: str | Path, trust_remote_code: bo
     return out
 
 
-def export_state(state: dict[str, torch.Tensor], source: str, dtype: str, out: str | Path) -> Path:
+def export_state(state: dict[str, torch.Tensor], source: str, dtype: str, out: str | Path,
+                 loader: Callable[[str, str], Any] = load_causal_lm) -> Path:
     """A full policy state dict (a learner's, gathered on rank 0) as a Hugging Face directory at ``out``."""
-    model = base_model(source, dtype)
+    model = loader(source, dtype).eval()  # the class it was trained as (a causal LM, or a reward model)
     load_full_state(model, state, "learner state dict")
     return write_hf_dir(model, source, out)

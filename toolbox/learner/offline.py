@@ -10,6 +10,7 @@ The model, reference, optimizer and checkpoints are the rank's `PolicyRank` (``s
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -22,18 +23,21 @@ from toolbox.learner.collective import rank, world
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.policy import PolicyRank
 from toolbox.learner.rows import rank_slice
-from toolbox.models.loading import load_tokenizer
+from toolbox.models.loading import load_causal_lm, load_tokenizer
 
 
 class OfflineLearner:
     """A learner rank over an offline dataset. ``update(step)`` and ``evaluate()`` are collective."""
 
     kind: Kind = "sft"
+    # How a rank loads its model from ``model_path`` (path, dtype): a causal LM, or a reward model (``rm``).
+    load_model: Callable[[str, str], Any] = staticmethod(load_causal_lm)
 
     def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: OfflineDataConfig, total_steps: int,
                  task: dict[str, Any], seed: int, frozen_reference: bool = False) -> None:
         self.cfg, self.data_cfg = cfg, algo
-        self.policy = PolicyRank.pretrained(model_path, dtype, cfg, total_steps, frozen_reference=frozen_reference)
+        self.policy = PolicyRank.pretrained(model_path, dtype, cfg, total_steps, frozen_reference=frozen_reference,
+                                            loader=type(self).load_model)
         self.rank, self.world = rank(), world()
         self.tokenizer = load_tokenizer(model_path)
         built = TASKS.build(task, inject={"data": algo.data})

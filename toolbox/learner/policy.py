@@ -8,6 +8,7 @@ to the learner. Every public method is collective: all ranks call it together.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -16,8 +17,9 @@ from torch import nn
 from toolbox.learner.collective import rank
 from toolbox.learner.config import LearnerConfig, OptimConfig
 from toolbox.learner.hf_export import export_state
+from toolbox.learner.lora import AdapterDisabled, add_adapters, export_lora, merged_state_dict
 from toolbox.learner.optim import TrainedModel
-from toolbox.learner.strategy import full_state_dict, wrap
+from toolbox.learner.strategy import Placement, full_state_dict, wrap
 from toolbox.models.loading import load_causal_lm
 from toolbox.rl.weights import WeightBucket, pack_state_dict
 
@@ -28,24 +30,32 @@ class PolicyRank:
     def __init__(self, model: nn.Module, cfg: LearnerConfig, optimizer_steps: int,
                  reference: nn.Module | None = None) -> None:
         self.cfg = cfg
-        self.trained = TrainedModel(model, cfg.optim, optimizer_steps)
+        self.trained = TrainedModel(model, cfg.optim, optimizer_steps, cfg.max_bad_steps, "policy")
         self.ref = reference
         self.companions: dict[str, TrainedModel] = {}
         self.step = 0
         # Where the policy came from (set by `pretrained`): the base of a Hugging Face export.
         self.source, self.source_dtype = "", "float32"
+        self.loader: Callable[[str, str], nn.Module] = load_causal_lm
 
     @classmethod
     def pretrained(cls, model_path: str, dtype: str, cfg: LearnerConfig, optimizer_steps: int,
-                   frozen_reference: bool = False) -> PolicyRank:
-        """A causal LM loaded with ``from_pretrained`` and wrapped by ``cfg.strategy``; with ``frozen_reference``,
-        a second, frozen copy of the initial weights wrapped the same way."""
-        model = wrap(load_causal_lm(model_path, dtype).train(), cfg.strategy)
-        ref = None
-        if frozen_reference:
-            ref = wrap(load_causal_lm(model_path, dtype).eval().requires_grad_(False), cfg.strategy)
+                   frozen_reference: bool = False,
+                   loader: Callable[[str, str], nn.Module] = load_causal_lm) -> PolicyRank:
+        """A causal LM loaded with ``from_pretrained`` (or by ``loader``) and wrapped by ``cfg.strategy``; with
+        ``frozen_reference``, a second, frozen copy of the initial weights wrapped the same way. With ``cfg.lora``
+        the model gets LoRA adapters first (only they train) and the reference is the same model with its
+        adapters switched off (`toolbox.learner.lora`)."""
+        placement = Placement.of(cfg)  # device, mixed precision, activation checkpointing, offload
+        base = loader(model_path, dtype).train()  # ``loader``: another head (a reward model's) on the same base
+        model = wrap(base if cfg.lora is None else add_adapters(base, cfg.lora), cfg.strategy, placement)
+        ref: nn.Module | None = None
+        if frozen_reference and cfg.lora is not None:
+            ref = AdapterDisabled(model)  # LoRA: the reference is the base model itself, no second copy
+        elif frozen_reference:
+            ref = wrap(loader(model_path, dtype).eval().requires_grad_(False), cfg.strategy, placement, frozen=True)
         policy = cls(model, cfg, optimizer_steps, ref)
-        policy.source, policy.source_dtype = model_path, dtype
+        policy.source, policy.source_dtype, policy.loader = model_path, dtype, loader
         return policy
 
     @property
@@ -58,7 +68,8 @@ class PolicyRank:
         return self.trained.optimizer
 
     def optimizer_step(self) -> dict[str, float]:
-        """The clipped optimizer step of the policy; returns ``grad_norm`` and ``lr``."""
+        """The clipped optimizer step of the policy (skipped when its gradient norm is not finite); returns
+        ``grad_norm``, ``lr``, ``skipped`` and ``bad_steps``."""
         return self.trained.step()
 
     def attach(self, name: str, module: nn.Module, optim: OptimConfig, optimizer_steps: int) -> TrainedModel:
@@ -66,14 +77,18 @@ class PolicyRank:
         the policy in the sub-directory ``name``."""
         if name in self.companions:
             raise ValueError(f"a trained model named {name!r} is already attached to this learner rank")
-        self.companions[name] = TrainedModel(module, optim, optimizer_steps)
+        self.companions[name] = TrainedModel(module, optim, optimizer_steps, self.cfg.max_bad_steps, name)
         return self.companions[name]
 
     # ---- weights and checkpoints ------------------------------------------------------------
     def export_weights(self) -> list[WeightBucket]:
         """Full policy weights as buckets on rank 0; ``[]`` on other ranks."""
         state = full_state_dict(self.model)
-        return pack_state_dict(state, self.cfg.bucket_mb << 20) if rank() == 0 else []
+        if rank() != 0:
+            return []
+        if self.cfg.lora is not None:  # engines get the base model's names with the adapters folded in
+            state = merged_state_dict(state, self.cfg.lora)
+        return pack_state_dict(state, self.cfg.bucket_mb << 20)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The unsharded policy weights (on rank 0; empty elsewhere under a process group)."""
@@ -85,8 +100,10 @@ class PolicyRank:
             raise RuntimeError("export_hf: this policy was not loaded with PolicyRank.pretrained, so there is no base "
                                "model to take its config and tokenizer from")
         state = self.full_state_dict()
-        if rank() == 0:
-            export_state(state, self.source, self.source_dtype, path)
+        if rank() == 0 and self.cfg.lora is not None:
+            export_lora(state, self.source, self.source_dtype, self.cfg.lora, path)
+        elif rank() == 0:
+            export_state(state, self.source, self.source_dtype, path, self.loader)
         return str(path)
 
     def save(self, path: str | Path) -> Path:

@@ -1,19 +1,82 @@
-"""Parallel strategies: how one rank's copy of the model is wrapped and how its full weights are read back."""
+"""Parallel strategies and device placement: how one rank's copy of a model is wrapped, where it runs, how its
+full weights are read back.
+
+`wrap` applies, in this order: activation checkpointing (per decoder block, the model's own), the move to
+the rank's device, and the strategy (`fully_shard` per block with FSDP2's mixed-precision and CPU-offload
+policies, or DDP). `resolve_device` picks the rank's device, `backend_for` its process-group backend.
+Not here: the optimizer (`toolbox.learner.optim`) or anything about Ray (the `LearnerWorker` actor).
+"""
 
 from __future__ import annotations
+
+import resource
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+CPU = torch.device("cpu")
+
 
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where and how a rank runs its models (from `LearnerConfig`): device, precision, memory savers."""
+
+    device: torch.device = field(default_factory=lambda: CPU)
+    mixed_precision: str = "fp32"  # "fp32" | "bf16" (FSDP2: bf16 params and compute, fp32 reduction)
+    activation_checkpointing: bool = False
+    offload: str = "none"  # "none" | "optimizer" | "params": FSDP2's CPUOffloadPolicy (see LearnerConfig.offload)
+
+    @classmethod
+    def of(cls, cfg: Any) -> Placement:
+        """The placement a `LearnerConfig` asks for, on the device `resolve_device` picks for this process."""
+        return cls(resolve_device(cfg.device), cfg.mixed_precision, cfg.activation_checkpointing, cfg.offload)
+
+
+def resolve_device(choice: str, field: str = "learner.device") -> torch.device:
+    """The device option ``field`` (auto|cpu|cuda) for this process: 'auto' is cuda when a GPU is visible, else cpu.
+
+    Ray sets ``CUDA_VISIBLE_DEVICES`` of an actor to the GPU(s) it assigned (``ray.get_gpu_ids()``), so the
+    rank's GPU is always ``cuda:0`` inside the actor; an actor reserved no GPU sees none and runs on cpu.
+    """
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return CPU
+    if choice not in ("auto", "cuda"):
+        raise ValueError(f"{field}: unknown device {choice!r}; allowed: auto, cpu, cuda")
+    if not torch.cuda.is_available():
+        role = field.split(".")[0]
+        raise RuntimeError(f"{field} is 'cuda' but this {role} worker sees no GPU: reserve one with "
+                           f"{role}.gpus_per_worker (Ray then sets CUDA_VISIBLE_DEVICES) or use device: cpu")
+    torch.cuda.set_device(0)
+    return torch.device("cuda", 0)
+
+
+def backend_for(backend: str, device: torch.device) -> str:
+    """The process-group backend: 'auto' is nccl for CUDA ranks and gloo for CPU ones.
+
+    A CUDA rank gets ``cuda:nccl,cpu:gloo``: nccl for device tensors, gloo for the host tensors the learner
+    also reduces (its metrics, `toolbox.learner.collective`; gradient-norm clipping under CPU offload).
+    """
+    if backend == "nccl" and device.type != "cuda":
+        raise ValueError("learner.backend: nccl needs learner.device: cuda (a CPU rank uses gloo)")
+    if device.type == "cuda" and backend in ("auto", "nccl"):
+        return "cuda:nccl,cpu:gloo"
+    return "gloo" if backend == "auto" else backend
+
+
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks of a transformers causal LM (``model.model.layers`` and kin)."""
+    get_base: Any = getattr(model, "get_base_model", None)
+    if get_base is not None:  # a peft (LoRA) model: the blocks are its base model's
+        model = get_base()
     base = getattr(model, getattr(model, "base_model_prefix", "model"), None) or model
     layers = getattr(base, "layers", None) or getattr(base, "h", None)
     if layers is None:
@@ -21,22 +84,79 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
-def wrap(model: nn.Module, strategy: str) -> nn.Module:
-    """Apply ``strategy`` in place (fsdp2) or by wrapping (ddp); 'single' returns the model unchanged."""
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder block's activations in backward, with the model's own (transformers) switch.
+
+    Chosen over torch's ``checkpoint_wrapper``: the model knows its block boundaries and turns its KV cache
+    off, and its parameter names stay the same (a wrapper inserts ``_checkpoint_wrapped_module`` into every
+    name, which weight export and checkpoints would then see). Non-reentrant, so it composes with FSDP2.
+    """
+    base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    for m in (model, base):
+        enable: Any = getattr(m, "activation_checkpointing_enable", None)  # transformers >= 5.2x
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            return
+        enable = getattr(m, "gradient_checkpointing_enable", None)  # older releases
+        if enable is not None:
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            return
+    raise ValueError(f"learner.activation_checkpointing: {type(model).__name__} is not a transformers model "
+                     "(no gradient_checkpointing_enable); turn it off for this learner")
+
+
+def wrap(model: nn.Module, strategy: str, placement: Placement | None = None, frozen: bool = False) -> nn.Module:
+    """Apply ``strategy`` in place (fsdp2) or by wrapping (ddp); 'single' returns the model (on its device).
+
+    ``frozen`` marks a no-grad model (the reference): no checkpointing, and on a GPU its FSDP2 shards live in
+    host memory between uses (CPU offload) so it costs the device only the block being computed.
+    """
+    p = placement or Placement()
+    if p.activation_checkpointing and not frozen:
+        enable_activation_checkpointing(model)
     if strategy == "single":
-        return model
+        return _inputs_follow(model.to(p.device), p.device)
     if not is_distributed():
         raise RuntimeError(f"learner strategy {strategy!r} needs torch.distributed to be initialised")
     if strategy == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
-
-        for layer in decoder_layers(model):
-            fully_shard(layer)
-        fully_shard(model)
-        return model
+        return _fully_shard(model, p, offload=p.offload != "none" or (frozen and p.device.type == "cuda"))
     if strategy == "ddp":
-        return nn.parallel.DistributedDataParallel(model)
+        model = model.to(p.device)
+        return nn.parallel.DistributedDataParallel(model, device_ids=[p.device.index] if p.device.type == "cuda" else None)
     raise ValueError(f"unknown learner strategy {strategy!r}; allowed: single, ddp, fsdp2")
+
+
+def _fully_shard(model: nn.Module, p: Placement, offload: bool) -> nn.Module:
+    """``fully_shard`` each decoder block, then the root, over a 1-D mesh of all ranks on ``p.device``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    # An explicit mesh: FSDP2's default is CUDA whenever one is visible, even for a rank told to use the CPU.
+    mesh = init_device_mesh(p.device.type, (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy()
+    if p.mixed_precision == "bf16":
+        # Sharded fp32 parameters stay the optimizer's (fp32 AdamW state); gathered copies and compute are bf16;
+        # gradients are reduce-scattered in fp32.
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    # On a CPU rank everything already lives in host memory: offloading is accepted and changes nothing.
+    off = CPUOffloadPolicy(pin_memory=True) if offload and p.device.type == "cuda" else OffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=off)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=off)
+    return model
+
+
+def _inputs_follow(model: nn.Module, device: torch.device) -> nn.Module:
+    """Move a model's tensor inputs to ``device`` before its forward (what DDP and FSDP2 do themselves)."""
+    if device.type == "cpu":
+        return model
+
+    def to_device(_: nn.Module, args: tuple, kwargs: Mapping[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        move = lambda x: x.to(device, non_blocking=True) if isinstance(x, torch.Tensor) else x  # noqa: E731
+        return tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
+
+    model.register_forward_pre_hook(to_device, with_kwargs=True)
+    return model
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -46,6 +166,13 @@ def unwrap(model: nn.Module) -> nn.Module:
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The unsharded state dict on rank 0 (empty on other ranks), on CPU. Collective: every rank calls it."""
     if not is_distributed():
-        return {k: v.detach() for k, v in model.state_dict().items()}
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(unwrap(model), options=options)  # type: ignore[return-value]
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """This rank's peak memory so far: ``torch.cuda.max_memory_allocated`` on a GPU, peak RSS on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB

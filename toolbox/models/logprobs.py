@@ -14,11 +14,16 @@ from torch import nn
 
 
 def token_logprobs(logits_BTV: torch.Tensor, labels_BT: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """``log softmax(logits[b, t] / temperature)[labels[b, t]]``, ``[B, T]``, computed in float32."""
+    """``log softmax(logits[b, t] / temperature)[labels[b, t]]``, ``[B, T]``, computed in float32.
+
+    Computed where the logits are (a learner's GPU) and returned where the labels are (the batch's device),
+    so only ``[B, T]`` values cross devices, never ``[B, T, V]`` logits.
+    """
     logits = logits_BTV.float()
     if temperature != 1.0:
         logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, labels_BT.unsqueeze(-1)).squeeze(-1)
+    labels = labels_BT.to(logits.device).unsqueeze(-1)
+    return torch.log_softmax(logits, dim=-1).gather(-1, labels).squeeze(-1).to(labels_BT.device)
 
 
 class ResponseRows(Protocol):

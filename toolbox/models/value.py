@@ -40,6 +40,6 @@ def load_value_model(path: str, dtype: str = "float32") -> ValueModel:
 def response_values(critic: nn.Module, batch: ResponseRows) -> torch.Tensor:
     """``V`` of the state before each response token, ``[B, R]`` (0 at padding)."""
     ids, attn, position_ids = batch.model_inputs()
-    values = critic(input_ids=ids, attention_mask=attn, position_ids=position_ids)
+    values = critic(input_ids=ids, attention_mask=attn, position_ids=position_ids).to(batch.response_mask_BR.device)
     p = batch.prompt_ids_BP.shape[1]
     return values[:, p - 1 : -1] * batch.response_mask_BR

@@ -29,14 +29,26 @@ def shift_targets(input_ids_BT: torch.Tensor, loss_mask_BT: torch.Tensor,
     return labels_BT, mask_BT
 
 
+def token_nll(logits_BTV: torch.Tensor, labels_BT: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Per-token cross-entropy ``[B, T]``; with ``label_smoothing`` e, ``(1 - e) * nll + e * mean_v(-log p_v)``:
+    the target distribution puts e/V on every token and 1 - e more on the label (`F.cross_entropy`'s definition)."""
+    if not label_smoothing:
+        return -token_logprobs(logits_BTV, labels_BT)
+    logp_BTV = torch.log_softmax(logits_BTV.float(), dim=-1)
+    labels = labels_BT.to(logp_BTV.device).unsqueeze(-1)
+    nll_BT = -logp_BTV.gather(-1, labels).squeeze(-1)
+    uniform_BT = -logp_BTV.mean(dim=-1)
+    return ((1.0 - label_smoothing) * nll_BT + label_smoothing * uniform_BT).to(labels_BT.device)
+
+
 def masked_nll(logits_BTV: torch.Tensor, labels_BT: torch.Tensor, mask_BT: torch.Tensor,
-               token_count: float | None = None) -> torch.Tensor:
+               token_count: float | None = None, label_smoothing: float = 0.0) -> torch.Tensor:
     """Mean negative log-likelihood over the tokens ``mask_BT`` selects (``sft``: every token counts once).
 
     ``token_count`` overrides the denominator (the global number of loss tokens). An
-    empty mask gives 0, never NaN.
+    empty mask gives 0, never NaN. ``label_smoothing``: see `token_nll`.
     """
-    return aggregate(-token_logprobs(logits_BTV, labels_BT), mask_BT, "token-mean", token_count=token_count)
+    return aggregate(token_nll(logits_BTV, labels_BT, label_smoothing), mask_BT, "token-mean", token_count=token_count)
 
 
 def document_weights(doc_ids_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
@@ -53,12 +65,14 @@ def document_weights(doc_ids_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.T
 
 
 def document_mean_nll(logits_BTV: torch.Tensor, labels_BT: torch.Tensor, mask_BT: torch.Tensor,
-                      doc_ids_BT: torch.Tensor, doc_count: float | None = None) -> torch.Tensor:
+                      doc_ids_BT: torch.Tensor, doc_count: float | None = None,
+                      label_smoothing: float = 0.0) -> torch.Tensor:
     """Mean over documents of each document's mean token NLL (``seq``: every document counts once).
 
     ``doc_count`` overrides the denominator (the global number of documents with a loss token).
+    ``label_smoothing``: see `token_nll`.
     """
     weights_BT = document_weights(doc_ids_BT, mask_BT)
     if doc_count is None:
         doc_count = float(weights_BT.sum())
-    return (-token_logprobs(logits_BTV, labels_BT) * weights_BT).sum() / max(float(doc_count), 1.0)
+    return (token_nll(logits_BTV, labels_BT, label_smoothing) * weights_BT).sum() / max(float(doc_count), 1.0)

@@ -4,4 +4,7 @@ from toolbox.rewards.base import REWARDS, Reward, RewardResult, RewardSample, Re
 
 __all__ = ["REWARDS", "Reward", "RewardResult", "RewardSample", "RewardStatus"]
 
-from toolbox.rewards import math_answer, structure, verifiable  # noqa: E402,F401  (registers built-in rewards)
+from toolbox.rewards import env_score as _env_score  # noqa: E402,F401  (the multi-turn env's score)
+
+# Registers the built-in rewards (judge: llm_judge, learned: reward_model).
+from toolbox.rewards import judge, learned, math_answer, structure, verifiable  # noqa: E402,F401

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, model_validator
 
 from toolbox.core.registry import Spec, SpecOf
-from toolbox.rewards.base import REWARDS, Reward, RewardSample
+from toolbox.rewards.base import REWARDS, Composite, Reward, RewardSample, component_names, reward_value
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -81,13 +81,25 @@ class WeightedSumConfig(BaseModel):
 
 @REWARDS.register("weighted_sum", config=WeightedSumConfig)
 def weighted_sum(config: WeightedSumConfig) -> Reward:
-    """Sum of weighted components. Abstains only if every component abstains; an error in any is an error."""
+    """Sum of weighted components. Abstains only if every component abstains; an error in any is an error
+    (a NaN, infinite or non-numeric component value too, named by the component's index and name)."""
     parts = [REWARDS.build(spec) for spec in config.components]
 
+    names = component_names([spec.name for spec in config.components])
+
     def score(sample: RewardSample) -> float | None:
-        values = [part(sample) for part in parts]
-        if all(v is None for v in values):
-            return None
-        return sum(w * v for w, v in zip(config.weights, values) if v is not None)
+        total, scored = 0.0, False
+        values: dict[str, float | None] = dict.fromkeys(names)  # each component's unweighted value, for traces
+        for i, (spec, weight, part) in enumerate(zip(config.components, config.weights, parts)):
+            value = part(sample)
+            if value is None:
+                continue
+            try:
+                number = reward_value(value)
+            except ValueError as err:
+                raise ValueError(f"weighted_sum component {i} ({spec.name}): {err}") from None
+            values[names[i]] = number
+            total, scored = total + weight * number, True
+        return Composite(total, values) if scored else None
 
     return score

@@ -10,33 +10,64 @@ import torch
 from toolbox.core.registry import Registry
 
 EPS = 1e-6
+SPREAD_TOL = 1e-6  # a group's rewards within this relative spread are equal (float rounding, not signal)
 
 ADVANTAGES: Registry = Registry("advantage")
 
 
-def group_normalized(rewards: torch.Tensor, scale: bool = True, eps: float = EPS) -> torch.Tensor:
-    """``(r - mean) / (std + eps)`` within each group of ``rewards`` ``[B, G]`` (population std), or
-    ``r - mean`` if not ``scale``. A group whose rewards are all equal gets zero advantage (no NaN)."""
-    centered = rewards - rewards.mean(dim=1, keepdim=True)
-    if not scale:
-        return centered
-    return centered / (rewards.std(dim=1, unbiased=False, keepdim=True) + eps)
+def within_noise(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """Whether rewards spread from ``lo`` to ``hi`` are equal up to float rounding (relative to their size),
+    elementwise; an empty group (``hi`` -inf, ``lo`` inf) counts as equal."""
+    return ~((hi - lo) > SPREAD_TOL * torch.maximum(hi.abs(), lo.abs()).clamp(min=1.0))
 
 
-def rloo(rewards: torch.Tensor) -> torch.Tensor:
-    """Leave-one-out baseline on ``rewards`` ``[B, G]``: each reward minus the mean of the *other* samples
-    of its group. A group of one has no other samples; its advantage is 0."""
-    g = rewards.shape[1]
-    if g < 2:
-        return torch.zeros_like(rewards)
-    others_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (g - 1)
-    return rewards - others_mean
+def usable(rewards: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Which samples of ``rewards`` ``[B, G]`` enter the group statistics: the ``valid`` ones (default: all)
+    in groups with at least two of them. A group with fewer has no baseline, so it contributes nothing."""
+    ok = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid.bool()
+    return ok & (ok.sum(dim=1, keepdim=True) >= 2)
 
 
-def batch_normalized(rewards: torch.Tensor, eps: float = EPS) -> torch.Tensor:
-    """REINFORCE++ on ``rewards`` ``[B, G]``: subtract the group mean, then whiten over the whole batch."""
-    centered = rewards - rewards.mean(dim=1, keepdim=True)
-    return (centered - centered.mean()) / (centered.std(unbiased=False) + eps)
+def _centered(rewards: torch.Tensor, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(r - group mean, count)`` over the ``ok`` samples of each group, in float64; 0 outside ``ok`` and in
+    a group whose spread is within float noise (eight rewards of 0.7 are equal, not 1e-8 apart)."""
+    r = rewards.double()
+    count = ok.sum(dim=1, keepdim=True).clamp(min=1)
+    mean = (r * ok).sum(dim=1, keepdim=True) / count
+    hi = torch.where(ok, r, -torch.inf).amax(dim=1, keepdim=True)
+    lo = torch.where(ok, r, torch.inf).amin(dim=1, keepdim=True)
+    flat = within_noise(hi, lo)  # also true for a group with no usable sample
+    return torch.where(ok & ~flat, r - mean, 0.0), count
+
+
+def group_normalized(rewards: torch.Tensor, valid: torch.Tensor | None = None, scale: bool = True,
+                     eps: float = EPS) -> torch.Tensor:
+    """``(r - mean) / (std + eps)`` within each group of ``rewards`` ``[B, G]`` (population std over its
+    `usable` samples), or ``r - mean`` if not ``scale``. Samples outside ``valid`` get 0 and do not count;
+    a group whose rewards are all equal (within float noise) gets zero advantage (no NaN)."""
+    centered, count = _centered(rewards, usable(rewards, valid))
+    if scale:
+        centered = centered / ((centered.square().sum(dim=1, keepdim=True) / count).sqrt() + eps)
+    return centered.to(rewards.dtype)
+
+
+def rloo(rewards: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Leave-one-out baseline on ``rewards`` ``[B, G]``: each reward minus the mean of the *other* usable
+    samples of its group, which is ``n / (n - 1)`` times the group-centred reward for ``n`` usable samples.
+    A group with fewer than two has no other samples; its advantage is 0."""
+    centered, count = _centered(rewards, usable(rewards, valid))
+    return (centered * count / (count - 1).clamp(min=1)).to(rewards.dtype)
+
+
+def batch_normalized(rewards: torch.Tensor, valid: torch.Tensor | None = None, eps: float = EPS) -> torch.Tensor:
+    """REINFORCE++ on ``rewards`` ``[B, G]``: subtract the group mean, then whiten over the usable samples of
+    the whole batch (the others get 0)."""
+    ok = usable(rewards, valid)
+    centered, _ = _centered(rewards, ok)
+    n = ok.sum().clamp(min=1)
+    mean = centered.sum() / n
+    std = (torch.where(ok, centered - mean, 0.0).square().sum() / n).sqrt()
+    return torch.where(ok, (centered - mean) / (std + eps), 0.0).to(rewards.dtype)
 
 
 def gae(
@@ -65,12 +96,17 @@ def gae(
     return adv_TN, adv_TN + values
 
 
-def grpo_advantages(rewards_B: torch.Tensor, group_size: int, estimator: str) -> torch.Tensor:
-    """Per-sequence advantages from rewards laid out group by group (``[B*G]`` -> ``[B*G]``)."""
+def grpo_advantages(rewards_B: torch.Tensor, group_size: int, estimator: str,
+                    valid_B: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence advantages from rewards laid out group by group (``[B*G]`` -> ``[B*G]``), and which samples
+    were `usable` (``valid_B`` ones in groups with two or more): only those belong in the loss and its
+    normalisers; the others' advantage is 0."""
     if rewards_B.numel() % group_size:
         raise ValueError(f"{rewards_B.numel()} rewards do not split into groups of {group_size}")
     fn = ADVANTAGES.get(estimator).factory
-    return fn(rewards_B.view(-1, group_size)).reshape(-1)
+    rewards_BG = rewards_B.view(-1, group_size)
+    valid_BG = None if valid_B is None else valid_B.view(-1, group_size)
+    return fn(rewards_BG, valid_BG).reshape(-1), usable(rewards_BG, valid_BG).reshape(-1)
 
 
 def overlong_shaping(lengths_B: torch.Tensor, max_len: int, buffer: int, penalty: float) -> torch.Tensor:
@@ -83,6 +119,6 @@ def overlong_shaping(lengths_B: torch.Tensor, max_len: int, buffer: int, penalty
 
 
 ADVANTAGES.register("group_norm")(group_normalized)
-ADVANTAGES.register("group_mean")(lambda rewards: group_normalized(rewards, scale=False))
+ADVANTAGES.register("group_mean")(lambda rewards, valid=None: group_normalized(rewards, valid, scale=False))
 ADVANTAGES.register("rloo")(rloo)
 ADVANTAGES.register("reinforce_pp")(batch_normalized)

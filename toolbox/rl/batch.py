@@ -35,6 +35,11 @@ class RolloutBatch:
     one group share a prompt. ``extras`` carries small per-row metadata (the task's
     reference answer) that the reward needs. ``seconds`` is how long the engine took to make
     it (a concatenation keeps the longest: shards are generated in parallel).
+
+    ``own_mask_BR`` is 1 on the model's own response tokens and 0 on the environment's (a
+    multi-turn episode's tool results and user turns, which stay in ``response_mask_BR`` so
+    attention still sees them); ``None``: every response token is the model's. Learners train
+    on ``loss_mask_BR``, the response tokens that are the model's own.
     """
 
     prompt_ids_BP: torch.Tensor
@@ -46,12 +51,16 @@ class RolloutBatch:
     finish_B: torch.Tensor
     extras: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    own_mask_BR: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
+        if self.own_mask_BR is not None and self.own_mask_BR.shape != self.response_mask_BR.shape:
+            raise ValueError(f"RolloutBatch.own_mask_BR has shape {tuple(self.own_mask_BR.shape)}, expected "
+                             f"{tuple(self.response_mask_BR.shape)} (that of response_mask_BR)")
         b = self.prompt_ids_BP.shape[0]
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "seconds":
+            if f.name == "seconds" or value is None:
                 continue
             n = value.shape[0] if isinstance(value, torch.Tensor) else len(value)
             if n != b and not (f.name == "extras" and n == 0):
@@ -73,13 +82,18 @@ class RolloutBatch:
     def response_lengths_B(self) -> torch.Tensor:
         return self.response_mask_BR.sum(dim=1)
 
+    @property
+    def loss_mask_BR(self) -> torch.Tensor:
+        """The response tokens a policy loss counts: the model's own (a row masked out of the response is out)."""
+        return self.response_mask_BR if self.own_mask_BR is None else self.response_mask_BR * self.own_mask_BR
+
     def select(self, index: slice | torch.Tensor) -> RolloutBatch:
         """Rows ``index`` (a slice or an index tensor) as a new batch."""
         rows = list(range(len(self)))[index] if isinstance(index, slice) else index.tolist()
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "seconds":
+            if f.name == "seconds" or value is None:
                 out[f.name] = value
             elif isinstance(value, torch.Tensor):
                 out[f.name] = value[index]
@@ -115,6 +129,8 @@ class RolloutBatch:
             finish_B=torch.cat([b.finish_B for b in batches]),
             extras=[e for b in batches for e in b.extras],
             seconds=max(b.seconds for b in batches),
+            own_mask_BR=None if all(b.own_mask_BR is None for b in batches) else torch.cat(
+                [_pad(b.loss_mask_BR, r, 0, left=False) for b in batches]),
         )
 
 

@@ -11,13 +11,17 @@ Plain Python and torch: fetching the shards is the actor's job (`toolbox.actors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from toolbox.rewards.base import RewardResult
+from toolbox.rewards.base import MAX_REASONS, RewardResult
 from toolbox.rl.batch import RolloutBatch
+from toolbox.tracing.entries import StepSamples
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -34,10 +38,17 @@ class StepPlan:
     rank_rows: list[torch.Tensor]
     response_width: int
     metrics: dict[str, float]
+    # A few recorded samples of the step (``trainer.log_samples_every``), set by the learner actor when asked.
+    samples: StepSamples | None = field(default=None, kw_only=True)
 
     @property
     def world(self) -> int:
         return len(self.rank_rows)
+
+    def row_advantages(self) -> torch.Tensor | None:
+        """Each planned row's advantage, aligned with ``torch.cat(rank_rows)``, for the sample traces; ``None``
+        where the plan has none per sample (PPO computes token-level advantages on each rank)."""
+        return None
 
     def shards_for(self, rank: int) -> list[int]:
         """The shards (indices into the step's shard list) that hold rank ``rank``'s rows, ascending."""
@@ -99,9 +110,16 @@ def phase_seconds(batches: list[RolloutBatch], results: list[RewardResult]) -> d
 def read_step(shards: list[RolloutBatch], results: list[RewardResult], keep_groups: list[int] | None) -> StepRows:
     """Concatenate a step's shards and rewards and keep the groups ``keep_groups`` names (all when ``None``).
 
-    Reward metrics cover every sampled row (dropped groups too), ``response_len`` the kept rows.
+    Reward metrics cover every sampled row (dropped groups too), ``response_len`` the kept rows. The step's
+    first few distinct reward error reasons are logged, and a step with more errors than the rewards'
+    ``max_error_rate`` allows raises `RewardErrorRateExceeded` before anything trains on it.
     """
     batch, rewards = RolloutBatch.concat(shards), RewardResult.concat(results)
+    reasons = rewards.error_reasons()
+    if reasons:
+        log.warning("reward errors in %d of %d samples: %s", sum(n for _, n in reasons), len(rewards),
+                    "; ".join(f"{n}x {reason}" for reason, n in reasons[:MAX_REASONS]))
+    rewards.check_error_rate()
     metrics = {**rewards.metrics(), **phase_seconds(shards, results)}
     width = int(batch.response_ids_BR.shape[1])
     kept = torch.arange(len(batch))

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import torch
 
+from toolbox.rl.advantages import within_noise
+
 
 def informative_groups(values_B: torch.Tensor, ok_B: torch.Tensor, group_B: torch.Tensor) -> dict[int, bool]:
-    """Per group id: whether its scored rewards differ (a group of equal rewards has zero advantage)."""
+    """Per group id: whether its scored rewards differ beyond float noise (a group of equal rewards has zero
+    advantage: `toolbox.rl.advantages.within_noise`, the same test the advantages use)."""
     out: dict[int, bool] = {}
     for g in group_B.unique().tolist():
         rows = (group_B == g) & ok_B
         vals = values_B[rows]
-        out[int(g)] = bool(vals.numel() > 1 and (vals.max() - vals.min()) > 1e-9)
+        out[int(g)] = bool(vals.numel() > 1 and not within_noise(vals.max(), vals.min()))
     return out
 
 

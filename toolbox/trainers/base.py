@@ -3,16 +3,30 @@
 ``fit()`` = prepare -> for each step: train_step, maybe_evaluate, maybe_save (until should_stop) -> finish.
 Subclasses write ``train_step`` (and optionally ``evaluate``/``save``/``prepare``).
 The loop never prints or writes files itself: it emits events, and callbacks do.
+
+Checkpoints (`save_checkpoint` / `resume`) are atomic and complete: the learner's shards, the
+driver's own state (`state_dict`: role RNG states, running episode statistics, ...) and the plan
+(``total_steps``) are staged, then marked complete and renamed (`toolbox.trainers.checkpoints`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import Event, EventBus
+from toolbox.trainers import checkpoints
+from toolbox.trainers.roles import StatefulRole
+
+log = logging.getLogger(__name__)
+TRAINER_STATE = "trainer_state.pt"  # the driver's part of a checkpoint
 
 
 class BaseTrainer(ABC):
@@ -91,3 +105,59 @@ class BaseTrainer(ABC):
 
     def finish(self) -> None:
         return None
+
+    def stateful_roles(self) -> dict[str, StatefulRole]:
+        """The worker groups whose state (RNG streams, episodes in progress) a checkpoint keeps; none by default."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs beyond the learner: each stateful role's worker states (extend it with the
+        driver's own running statistics); picklable."""
+        return {"roles": {name: role.states() for name, role in self.stateful_roles().items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (called by `resume` after the learner is loaded)."""
+        saved = state.get("roles", {})
+        for name, role in self.stateful_roles().items():
+            if name in saved:
+                role.load_states(saved[name])
+            else:
+                log.warning("the checkpoint holds no state of the %s workers: they start fresh streams", name)
+
+    # ---- atomic, complete checkpoints ---------------------------------------------------------
+    def save_checkpoint(self, run_dir: Path, step: int, save_learner: Callable[[str], str]) -> str:
+        """Step ``step``'s checkpoint in ``run_dir/checkpoints/step_N``: staged, marked complete once the
+        learner group (every rank: ``save_learner`` returns when all have) and the driver have written
+        their parts, renamed, older ones pruned to ``trainer.keep_checkpoints``. Returns its path."""
+        final = run_dir / "checkpoints" / f"step_{step}"
+        staging = checkpoints.begin(final)
+        save_learner(str(staging))
+        plan = {"step": step, "total_steps": self.cfg.total_steps, "seed": self.cfg.seed}
+        torch.save({**plan, "state": self.state_dict()}, staging / TRAINER_STATE)
+        checkpoints.commit(staging, final, plan)
+        checkpoints.prune(run_dir, self.cfg.keep_checkpoints)
+        return str(final)
+
+    def resume(self, load_learner: Callable[[str], int]) -> int:
+        """Load ``trainer.resume_from`` (already resolved to a checkpoint directory, or empty): the learner
+        group, then the driver's state; returns the step to continue from (0 without a checkpoint)."""
+        if not self.cfg.resume_from:
+            return 0
+        path = Path(self.cfg.resume_from)
+        start = load_learner(str(path))
+        state_file = path / TRAINER_STATE
+        if state_file.exists():  # a checkpoint of the learner alone (a test fake, an older layout) has none
+            saved = torch.load(state_file, weights_only=False)
+            self._check_plan(saved, start)
+            self.load_state_dict(saved["state"])
+        return start
+
+    def _check_plan(self, saved: dict[str, Any], start: int) -> None:
+        """Say at start what differs from the run that wrote the checkpoint (it changes the numbers)."""
+        if saved["total_steps"] != self.cfg.total_steps:
+            log.warning("resuming at step %d a run planned for %d steps, now trainer.total_steps=%d: the "
+                        "learning-rate schedule is re-planned over the new length (from step %d it follows the "
+                        "new plan, not the old one)", start, saved["total_steps"], self.cfg.total_steps, start)
+        if saved["seed"] != self.cfg.seed:
+            log.warning("resuming a run seeded %d with trainer.seed=%d: prompts and data order follow the new "
+                        "seed from step %d", saved["seed"], self.cfg.seed, start)

@@ -27,7 +27,7 @@ class OfflineTrainer(BaseTrainer):
         self.summary_metrics = summary_metrics
 
     def prepare(self) -> int:
-        return self.learner.load(self.cfg.resume_from) if self.cfg.resume_from else 0
+        return self.resume(self.learner.load)
 
     def train_step(self, step: int) -> dict[str, float]:
         return self.learner.update(step)
@@ -36,7 +36,7 @@ class OfflineTrainer(BaseTrainer):
         return self.learner.evaluate()
 
     def save(self, step: int) -> str:
-        return self.learner.save(str(self.run_dir / "checkpoints" / f"step_{step}"))
+        return self.save_checkpoint(self.run_dir, step, self.learner.save)
 
     def finish(self) -> None:
         """With ``trainer.export``: the final policy as a Hugging Face model directory, RUN_DIR/hf."""

@@ -16,6 +16,7 @@ from toolbox.core.pending import Pending
 from toolbox.engines.base import SamplingConfig
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import PromptRequest, RolloutBatch
+from toolbox.tracing.entries import StepSamples, TraceRequest
 
 Metrics = dict[str, float]
 WeightRefs = list[Any]  # what a learner exports: bucket refs (CPU object store) for engines to load
@@ -24,18 +25,39 @@ WeightRefs = list[Any]  # what a learner exports: bucket refs (CPU object store)
 class Role(Protocol):
     def __len__(self) -> int: ...
 
+    def restarts(self) -> int:
+        """How many times one of the role's workers died and was restarted so far (0 where none can be)."""
+        ...
 
-class RolloutRole(Role, Protocol):
+
+class StatefulRole(Role, Protocol):
+    """Workers whose state (RNG streams, episodes in progress) a checkpoint keeps, so a resumed run is exact."""
+
+    def states(self) -> list[Any]:
+        """Each worker's state, in rank order (small and picklable)."""
+        ...
+
+    def load_states(self, states: list[Any]) -> None:
+        """Give worker ``i`` ``states[i]`` back; a different worker count cannot be restored (it says so)."""
+        ...
+
+
+class RolloutRole(StatefulRole, Protocol):
     """Generation engines: one shard of prompt requests per worker call."""
 
-    def generate(self, shards: Sequence[list[PromptRequest]], sampling: SamplingConfig) -> Pending[RolloutBatch]: ...
+    def generate(self, shards: Sequence[list[PromptRequest]], sampling: SamplingConfig,
+                 sleep_after: bool = False) -> Pending[RolloutBatch]:
+        """With ``sleep_after`` (colocated engines), each worker puts its engine to sleep once its shard is generated
+        and before its batch is ready, so a learner update on those batches starts with the engines' memory free;
+        the next update_weights or generate wakes them."""
+        ...
 
     def update_weights(self, weights: Pending[WeightRefs]) -> Pending[float]:
         """Every worker loads rank 0's exported buckets; each result is the seconds the load took."""
         ...
 
 
-class RewardRole(Role, Protocol):
+class RewardRole(StatefulRole, Protocol):
     """Reward workers: one call per rollout shard, each starting when that shard is generated."""
 
     def score(self, batches: Pending[RolloutBatch]) -> Pending[RewardResult]: ...
@@ -48,6 +70,11 @@ class CheckpointRole(Role, Protocol):
 
     def load(self, path: str) -> int: ...
 
+    def restart(self) -> bool:
+        """After a rank died: every rank started anew, set up as at start (weights as built: load a checkpoint
+        next); ``False`` when ``learner.max_restarts`` is spent (or the group cannot restart)."""
+        ...
+
     def export_weights(self) -> Pending[WeightRefs]: ...
 
     def export_hf(self, path: str) -> str:
@@ -59,8 +86,13 @@ class PolicyLearnerRole(CheckpointRole, Protocol):
     """Learners of online policy algorithms (GRPO, PPO, online DPO)."""
 
     def update(self, batches: Pending[RolloutBatch], rewards: Pending[RewardResult],
-               keep_groups: list[int] | None = None) -> Pending[Metrics]:
-        """Group statistics computed once (rank 0), then every rank trains on its own rows."""
+               keep_groups: list[int] | None = None, trace: TraceRequest | None = None) -> Pending[Metrics]:
+        """Group statistics computed once (rank 0), then every rank trains on its own rows. With ``trace``,
+        rank 0 also records a few whole groups of the step (`samples`)."""
+        ...
+
+    def samples(self) -> Pending[StepSamples | None]:
+        """What rank 0 recorded for the last `update`'s ``trace`` (``None`` without one): a few rows of text."""
         ...
 
 
@@ -83,7 +115,7 @@ class EnvRollout:
     seconds: float
 
 
-class EnvRunnerRole(Role, Protocol):
+class EnvRunnerRole(StatefulRole, Protocol):
     """Gymnasium env runners: each steps its vector env with the current policy."""
 
     def rollout(self, steps_per_env: int) -> Pending[EnvRollout]: ...

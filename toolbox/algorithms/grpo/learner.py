@@ -34,6 +34,9 @@ class GRPOPlan(StepPlan):
     advantages: list[torch.Tensor]
     valid: list[torch.Tensor]
 
+    def row_advantages(self) -> torch.Tensor:
+        return torch.cat(self.advantages)
+
 
 class GRPOLearner:
     """One GRPO learner rank. Every public method is collective: all ranks call it together (`plan`: rank 0)."""
@@ -57,16 +60,19 @@ class GRPOLearner:
                         valid=[valid_B[c] for c in cuts])
 
     def _advantages(self, step: StepRows) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per kept row: its advantage (0 outside the loss) and whether it is in the loss."""
+        """Per kept row: its advantage (0 outside the loss) and whether it is in the loss.
+
+        Errored and abstained samples are left out of their group's statistics and of the loss (and so of its
+        normalisers); a group with fewer than two scored samples contributes nothing.
+        """
         a, rewards, batch = self.algo, step.rewards, step.batch
         if a.overlong_buffer:
             shaping = overlong_shaping(batch.response_lengths_B, step.response_width, a.overlong_buffer,
                                        a.overlong_penalty)
             rewards.values_B = rewards.values_B + shaping * rewards.ok_B
-        valid_B = rewards.ok_B
+        adv_B, valid_B = grpo_advantages(rewards.values_B, a.group_size, a.advantage, rewards.ok_B)
         if a.overlong_filter:
             valid_B = valid_B & (batch.finish_B != FINISH_LENGTH)
-        adv_B = grpo_advantages(_fill_invalid(rewards, a.group_size), a.group_size, a.advantage)
         return adv_B * valid_B, valid_B
 
     def update(self, plan: GRPOPlan, shards: dict[int, RolloutBatch]) -> dict[str, float]:
@@ -80,15 +86,18 @@ class GRPOLearner:
         stats: dict[str, list[float]] = defaultdict(list)
         for mini in mini_batches(len(mine), self.algo.ppo_epochs, self.algo.mini_batches):
             # Dr. GRPO's constant normaliser: the step's padded response width (max_new_tokens at most).
-            self._optimizer_step(mine, mini, adv_B, (old_logp, ref_logp), float(plan.response_width), stats)
+            self._optimizer_step(mine, mini, (adv_B, plan.valid[r]), (old_logp, ref_logp), float(plan.response_width),
+                                 stats)
         self.policy.step += 1
         return {**mean_stats(stats), **plan.metrics}
 
-    def _optimizer_step(self, batch: RolloutBatch, rows: slice, adv_B: torch.Tensor,
+    def _optimizer_step(self, batch: RolloutBatch, rows: slice, adv_valid: tuple[torch.Tensor, torch.Tensor],
                         old_ref: tuple[torch.Tensor | None, torch.Tensor | None], norm_length: float,
                         stats: dict[str, list[float]]) -> None:
-        mask = batch.response_mask_BR[rows]
-        counts = global_sum([float(mask.sum()), float(mask.shape[0])])
+        adv_B, valid_B = adv_valid
+        mask = batch.loss_mask_BR[rows]  # the model's own tokens: env/tool tokens are context, not actions
+        # Only rows in the loss are sequences of the normaliser: an errored sample's row is masked out.
+        counts = global_sum([float(mask.sum()), float(valid_B[rows].sum())])
         # Per-rank share of the global counts: gradients are averaged over ranks, so this makes
         # the update equal to one over the whole global mini-batch.
         tokens, seqs = counts[0] / world(), counts[1] / world()
@@ -101,7 +110,7 @@ class GRPOLearner:
             logp = response_logprobs(self.policy.model, part, a.temperature)
             old = logp.detach() if old_logp is None else old_logp[mb]
             ref = None if ref_logp is None else ref_logp[mb]
-            terms = grpo_loss(logp, old, ref, adv_B[mb], part.response_mask_BR, tokens, seqs, norm_length,
+            terms = grpo_loss(logp, old, ref, adv_B[mb], part.loss_mask_BR, tokens, seqs, norm_length,
                               clip_low=a.clip_low, clip_high=a.clip_high, agg=a.agg, kl_coef=a.kl_coef, kl_kind=a.kl_kind)
             terms.loss.backward()
             for k, v in (("pg_loss", terms.pg_loss), ("kl", terms.kl), ("clip_frac", terms.clip_frac),
@@ -114,10 +123,3 @@ class GRPOLearner:
         return no_grad_rows(lambda part: response_logprobs(model, part, self.algo.temperature), batch,
                             self.cfg.micro_batch_size)
 
-
-def _fill_invalid(rewards: RewardResult, group_size: int) -> torch.Tensor:
-    """Rewards with errored/abstained samples set to their group's mean of valid ones (so they move nothing)."""
-    values = rewards.values_B.view(-1, group_size)
-    ok = rewards.ok_B.view(-1, group_size).float()
-    mean = (values * ok).sum(1, keepdim=True) / ok.sum(1, keepdim=True).clamp(min=1.0)
-    return torch.where(ok.bool(), values, mean).reshape(-1)

@@ -18,7 +18,7 @@ from toolbox.learner.collective import global_mean, global_sum, rank, world
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.policy import PolicyRank
 from toolbox.learner.rows import chunks_of, mean_stats, mini_batches, no_grad_rows
-from toolbox.learner.strategy import wrap
+from toolbox.learner.strategy import Placement, wrap
 from toolbox.models.logprobs import response_logprobs
 from toolbox.models.value import load_value_model, response_values
 from toolbox.objectives.aggregate import aggregate
@@ -61,7 +61,8 @@ class PPOLearner:
         self.cfg, self.algo = cfg, algo
         steps = total_steps * algo.ppo_epochs * algo.mini_batches
         self.policy = PolicyRank.pretrained(model_path, dtype, cfg, steps, frozen_reference=algo.kl_coef > 0)
-        self.critic = self.policy.attach("critic", wrap(load_value_model(model_path, dtype).train(), cfg.strategy),
+        self.critic = self.policy.attach("critic", wrap(load_value_model(model_path, dtype).train(), cfg.strategy,
+                                                         Placement.of(cfg)),
                                          cfg.optim.model_copy(update={"lr": algo.critic_lr}), steps)
 
     def plan(self, shards: list[RolloutBatch], results: list[RewardResult],
@@ -83,7 +84,7 @@ class PPOLearner:
             self._ppo_step(rollout, mini, stats)
         self.policy.step += 1
         metrics = {**mean_stats(stats), **plan.metrics}
-        metrics["kl"] = 0.0 if kl_BT is None else global_mean(kl_BT, rollout.batch.response_mask_BR)
+        metrics["kl"] = 0.0 if kl_BT is None else global_mean(kl_BT, rollout.batch.loss_mask_BR)
         return metrics
 
     def _rollout(self, mine: RolloutBatch, scores_B: torch.Tensor,
@@ -96,35 +97,38 @@ class PPOLearner:
         old_values = no_grad_rows(lambda part: response_values(self.critic.module, part), mine, mbs)
         ref_logp = None if ref is None else no_grad_rows(lambda part: response_logprobs(ref, part, a.temperature),
                                                          mine, mbs)
-        kl_BT = None if ref_logp is None else kl_penalty(old_logp, ref_logp, a.kl_kind) * mask
+        # KL only where the policy acted (the loss mask); env/tool tokens are steps with no action of its own.
+        kl_BT = None if ref_logp is None else kl_penalty(old_logp, ref_logp, a.kl_kind) * mine.loss_mask_BR
         token_r = token_rewards(scores_B, mask, kl_BT if a.kl_in_reward else None, a.kl_coef)
         adv, ret = token_gae(token_r, old_values, mask, a.gamma, a.lam)
         if a.whiten_advantages:
-            adv = _global_whiten(adv, mask)
+            adv = _global_whiten(adv, mine.loss_mask_BR)
         return _Rollout(mine, old_logp, old_values, ref_logp, adv, ret), kl_BT
 
     def _ppo_step(self, ro: _Rollout, rows: slice, stats: dict[str, list[float]]) -> None:
-        a = self.algo
-        tokens = global_sum([float(ro.batch.response_mask_BR[rows].sum())])[0] / world()
+        a, batch = self.algo, ro.batch
+        # Policy terms count the model's own tokens (loss mask); the critic values every response token.
+        actions, steps = global_sum([float(batch.loss_mask_BR[rows].sum()), float(batch.response_mask_BR[rows].sum())])
+        actions, steps = actions / world(), steps / world()
         totals: dict[str, float] = defaultdict(float)
         for mb in chunks_of(rows, self.cfg.micro_batch_size):
-            part = ro.batch.select(mb)
-            m = part.response_mask_BR
+            part = batch.select(mb)
+            m = part.loss_mask_BR
             logp = response_logprobs(self.policy.model, part, a.temperature)
             pg_BT, clipped_BT = clipped_policy_terms(logp, ro.old_logp[mb], ro.adv[mb], a.clip_low, a.clip_high)
-            pg = aggregate(pg_BT, m, "token-mean", token_count=tokens)
+            pg = aggregate(pg_BT, m, "token-mean", token_count=actions)
             values = response_values(self.critic.module, part)
-            vf = aggregate(clipped_value_terms(values, ro.old_values[mb], ro.ret[mb], a.value_clip), m, "token-mean",
-                           token_count=tokens)
+            vf = aggregate(clipped_value_terms(values, ro.old_values[mb], ro.ret[mb], a.value_clip),
+                           part.response_mask_BR, "token-mean", token_count=steps)
             loss = pg + a.vf_coef * vf
             if ro.ref_logp is not None and not a.kl_in_reward and a.kl_coef > 0:
                 loss = loss + a.kl_coef * aggregate(kl_penalty(logp, ro.ref_logp[mb], a.kl_kind), m, "token-mean",
-                                                    token_count=tokens)
+                                                    token_count=actions)
             loss.backward()
             totals["pg_loss"] += float(pg.detach())
             totals["vf_loss"] += float(vf.detach())
             totals["loss"] += float(loss.detach())
-            totals["clip_frac"] += float(aggregate(clipped_BT, m, "token-mean", token_count=tokens))
+            totals["clip_frac"] += float(aggregate(clipped_BT, m, "token-mean", token_count=actions))
         for k, v in {**totals, **self.policy.optimizer_step()}.items():
             stats[k].append(v)
         stats["critic_grad_norm"].append(self.critic.step()["grad_norm"])

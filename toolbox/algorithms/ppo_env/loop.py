@@ -18,7 +18,7 @@ from toolbox.core.events import Event, EventBus
 from toolbox.core.pending import Pending, wait
 from toolbox.trainers.base import BaseTrainer
 from toolbox.trainers.online import mean_over_ranks
-from toolbox.trainers.roles import EnvLearnerRole, EnvRunnerRole
+from toolbox.trainers.roles import EnvLearnerRole, EnvRunnerRole, StatefulRole
 
 EVAL_SEED_BASE = 10**9  # evaluation seeds sit far above the training envs' (seed * 10**5 + rank * 10**3 + i)
 
@@ -48,8 +48,7 @@ class PPOEnvTrainer(BaseTrainer):
         self.last_eval: float | None = None
 
     def prepare(self) -> int:
-        start = self.learner.load(self.cfg.resume_from) if self.cfg.resume_from else 0
-        self.env_steps = start * self.steps_per_step
+        start = self.resume(self.learner.load)
         wait(*self.sync_weights())
         return start
 
@@ -107,4 +106,20 @@ class PPOEnvTrainer(BaseTrainer):
         return summary
 
     def save(self, step: int) -> str:
-        return self.learner.save(str(self.run_dir / "checkpoints" / f"step_{step}"))
+        return self.save_checkpoint(self.run_dir, step, self.learner.save)
+
+    def stateful_roles(self) -> dict[str, StatefulRole]:
+        """The env runners: episodes in progress and action-sampling RNGs."""
+        return {"env": self.runners}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The runners' state, and the driver's episode window and counters. (The running obs/reward
+        normalisation statistics are model buffers: the learner's part of the checkpoint holds them.)"""
+        return {**super().state_dict(), "returns": list(self.returns), "lengths": list(self.lengths),
+                "env_steps": self.env_steps, "evals": self.evals, "last_eval": self.last_eval}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.returns.extend(state["returns"])
+        self.lengths.extend(state["lengths"])
+        self.env_steps, self.evals, self.last_eval = state["env_steps"], state["evals"], state["last_eval"]

@@ -1,4 +1,5 @@
-"""The SFT algorithm's config: the supervised objective, packing, and the offline data it reads."""
+"""The SFT algorithm's config: the supervised objective, packing, label smoothing, the MoE router loss, and the
+offline data it reads (prompt/response or messages records, or raw ``{"text": ...}`` documents for pretraining)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ class SFTConfig(AlgorithmConfig, OfflineDataConfig):
     objective: str = Field("sft", description="Supervised objective: 'sft' (mean over every target token of the "
                            "global batch) or 'seq' (mean over examples of each example's token mean).")
     packing: bool = Field(True, description="Pack several examples per row of max_length tokens (document-bounded attention).")
+    label_smoothing: float = Field(0.0, ge=0, lt=1, description="Cross-entropy label smoothing e: the target puts "
+                                   "e/V on every token of the vocabulary and 1 - e more on the label.")
+    moe_aux_loss_coef: float = Field(0.0, ge=0, description="Mixture-of-experts models (transformers' Qwen2MoE, "
+                                     "Mixtral, ...): add coef x the router load-balancing loss the model returns "
+                                     "(aux_loss), reported as moe_aux_loss. 0: off.")
 
     @field_validator("objective")
     @classmethod

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from toolbox.algorithms.sft.config import SFTConfig
-from toolbox.data.encode import Example, encode_sft
+from toolbox.data.encode import Example, encode_sft, encode_text
 from toolbox.data.offline import Record
-from toolbox.data.packing import TokenBatch, check_packing, pack_examples, pad_examples
+from toolbox.data.packing import TokenBatch, check_packing, pack_examples, pad_examples, text_chunks
 from toolbox.learner.collective import global_max, global_sum
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.offline import OfflineLearner
@@ -35,9 +37,12 @@ class SFTLearner(OfflineLearner):
             check_packing(self.policy.model, len(self.tokenizer))
 
     def collate(self, records: list[Record]) -> TokenBatch:
-        """Tokenise (with loss masks) and pack or pad this rank's records."""
+        """Tokenise (with loss masks) and pack or pad this rank's records; a raw-text document longer than
+        ``max_length`` becomes several documents of ``max_length`` tokens (each with its own positions)."""
         a, pad = self.algo, self.tokenizer.pad_token_id
-        examples = [encode_sft(r, self.tokenizer, a.max_length, a.use_chat_template) for r in records]
+        examples = [chunk for r in records for chunk in
+                    (text_chunks(encode_text(r["text"], self.tokenizer), a.max_length) if "text" in r
+                     else [encode_sft(r, self.tokenizer, a.max_length, a.use_chat_template)])]
         return pack_examples(examples, a.max_length, pad) if a.packing else pad_examples(examples, pad)
 
     def accumulate(self, records: list[Record], backward: bool) -> dict[str, float]:
@@ -49,21 +54,42 @@ class SFTLearner(OfflineLearner):
         norm = (tokens_all if self.algo.objective == "sft" else docs_all) / self.world
         parts = [batch.select(rows) for rows in chunks_of(slice(0, len(batch)), self.cfg.micro_batch_size)]
         parts += [self._empty_batch(batch.packed)] * (int(global_max(len(parts))) - len(parts))
-        loss = 0.0
+        loss = aux = 0.0
         for part in parts:
-            part_labels, part_mask = shift_targets(part.input_ids_BT, part.loss_mask_BT, part.doc_ids_BT)
-            logits = self.policy.model(**part.model_inputs()).logits[:, :-1]
-            if self.algo.objective == "sft":
-                value = masked_nll(logits, part_labels, part_mask, token_count=norm)
-            else:
-                value = document_mean_nll(logits, part_labels, part_mask, part.doc_ids_BT[:, 1:], doc_count=norm)
+            value, part_aux = self._part_loss(part, norm, len(parts))
             if backward:
                 value.backward()
-            loss += float(value.detach())
+            loss, aux = loss + float(value.detach()), aux + part_aux
         real = float((batch.doc_ids_BT > 0).sum())
-        loss_all, real_all, slots_all = global_sum([loss, real, float(batch.doc_ids_BT.numel())])
-        return {"loss": loss_all / self.world, "tokens": tokens_all, "documents": docs_all, "input_tokens": real_all,
-                "fill": real_all / max(slots_all, 1.0)}
+        loss_all, real_all, slots_all, aux_all = global_sum([loss, real, float(batch.doc_ids_BT.numel()), aux])
+        metrics = {"loss": loss_all / self.world, "tokens": tokens_all, "documents": docs_all,
+                   "input_tokens": real_all, "fill": real_all / max(slots_all, 1.0)}
+        if self.algo.moe_aux_loss_coef:
+            metrics["moe_aux_loss"] = aux_all / (self.world * len(parts))  # mean router loss per forward
+        return metrics
+
+    def _part_loss(self, part: TokenBatch, norm: float, n_parts: int) -> tuple[torch.Tensor, float]:
+        """One micro-batch's share of the loss (label-smoothed NLL, plus the MoE router loss / ``n_parts`` when
+        enabled; ranks run equally many parts, so the ranks' average is the mean over forwards) and its raw
+        router loss (0 when off)."""
+        a = self.algo
+        labels, mask = shift_targets(part.input_ids_BT, part.loss_mask_BT, part.doc_ids_BT)
+        extra = {"output_router_logits": True} if a.moe_aux_loss_coef else {}
+        out = self.policy.model(**part.model_inputs(), **extra)
+        logits = out.logits[:, :-1]
+        if a.objective == "sft":
+            value = masked_nll(logits, labels, mask, token_count=norm, label_smoothing=a.label_smoothing)
+        else:
+            value = document_mean_nll(logits, labels, mask, part.doc_ids_BT[:, 1:], doc_count=norm,
+                                      label_smoothing=a.label_smoothing)
+        if not a.moe_aux_loss_coef:
+            return value, 0.0
+        aux_loss = getattr(out, "aux_loss", None)
+        if aux_loss is None:
+            raise ValueError(f"algorithm.moe_aux_loss_coef={a.moe_aux_loss_coef}: {type(self.policy.model).__name__} "
+                             "returns no aux_loss (not a mixture-of-experts model with output_router_logits); set it "
+                             "to 0")
+        return value + a.moe_aux_loss_coef * aux_loss / n_parts, float(aux_loss.detach())
 
     def _empty_batch(self, packed: bool) -> TokenBatch:
         """A one-row batch with no target token: keeps this rank's forward/backward count equal to the others'."""

@@ -18,7 +18,7 @@ from toolbox.data.prompts import PromptSource, split_groups
 from toolbox.engines.base import SamplingConfig
 from toolbox.trainers.base import BaseTrainer
 from toolbox.trainers.online import greedy_reward, mean_over_ranks
-from toolbox.trainers.roles import Metrics, PolicyLearnerRole, RewardRole, RolloutRole
+from toolbox.trainers.roles import Metrics, PolicyLearnerRole, RewardRole, RolloutRole, StatefulRole
 
 from toolbox_raft.config import RaftConfig
 
@@ -36,7 +36,7 @@ class RaftTrainer(BaseTrainer):
 
     def prepare(self) -> int:
         """Resume if asked, and give the rollout workers the learner's weights before the first step."""
-        start = self.learner.load(self.cfg.resume_from) if self.cfg.resume_from else 0
+        start = self.resume(self.learner.load)  # the learner group, then the driver's state (state_dict)
         weights = self.learner.export_weights()
         wait(weights, self.rollout.update_weights(weights))
         return start
@@ -57,4 +57,9 @@ class RaftTrainer(BaseTrainer):
         return greedy_reward(self.prompts, self.rollout, self.reward, self.sampling, self.cfg.eval_prompts)
 
     def save(self, step: int) -> str:
-        return self.learner.save(str(self.run_dir / "checkpoints" / f"step_{step}"))
+        """Atomic: staged, marked COMPLETE and renamed to step_N once the learner group and the driver wrote it."""
+        return self.save_checkpoint(self.run_dir, step, self.learner.save)
+
+    def stateful_roles(self) -> dict[str, StatefulRole]:
+        """Workers whose RNG streams checkpoints keep, so a resumed run samples as an uninterrupted one."""
+        return {"rollout": self.rollout, "reward": self.reward}

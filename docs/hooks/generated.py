@@ -1,0 +1,76 @@
+"""MkDocs hook (``hooks:`` in mkdocs.yml): pages that cannot go stale, filled in from the code at build time.
+
+- ``<!-- config-fields: NAME -->`` becomes the table of algorithm NAME's config fields (its pydantic model,
+  through `toolbox.cli.config_rows`, the function that writes docs/configuration.md).
+- ``<!-- error-catalog -->`` becomes every error message the code raises on purpose (``ConfigError``,
+  ``WorkerError``, ``RowError``, ``RegistryError``), read from the source with `ast`: the literal parts of
+  each message, with ``…`` where a value is filled in at run time, and the file and line that raise it.
+
+Runs offline (no network): it imports toolbox and reads files of this checkout.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+ERRORS = {"ConfigError", "WorkerError", "RowError", "RegistryError"}
+FIELDS = re.compile(r"<!-- config-fields: (\w+) -->")
+CATALOG = "<!-- error-catalog -->"
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    markdown = FIELDS.sub(lambda m: algorithm_fields(m.group(1)), markdown)
+    if CATALOG in markdown:
+        markdown = markdown.replace(CATALOG, error_catalog())
+    return markdown
+
+
+def algorithm_fields(name: str) -> str:
+    from toolbox.algorithms import ALGORITHMS
+    from toolbox.cli import _table, config_rows
+
+    rows = [(f"`algorithm.{p}`", t, f"`{d}`" if d else "", desc)
+            for p, t, d, desc in config_rows(ALGORITHMS.spec_model(name)) if p != "name"]
+    return _table(rows, ("field", "type", "default", "description"))
+
+
+def _message(node: ast.expr) -> str:
+    """The literal text of a message expression; ``…`` for every part computed at run time."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_message(v) if isinstance(v, ast.Constant) else "…" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _message(node.left) + _message(node.right)
+    return "…"
+
+
+def raised_errors(path: Path) -> list[tuple[int, str, str]]:
+    """(line, error class, message) of every call of an error class in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ERRORS and node.args:
+            text = _message(node.args[-1])  # WorkerError(role, rank, node, what): the message is the last
+            if sum(c.isalpha() for c in text) >= 12:  # "…: …" says nothing; the hand-written sections explain those
+                out.append((node.lineno, node.func.id, " ".join(text.split())))
+    return sorted(out)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def error_catalog() -> str:
+    parts = []
+    for path in sorted([*(ROOT / "toolbox").rglob("*.py"), *(ROOT / "actors").rglob("*.py")]):
+        found = raised_errors(path)
+        if not found:
+            continue
+        rel = path.relative_to(ROOT).as_posix()
+        rows = [f"| {kind} | {_cell(text)} | `{rel}:{line}` |" for line, kind, text in found]
+        parts.append(f"### `{rel}`\n\n| error | message | raised at |\n|---|---|---|\n" + "\n".join(rows) + "\n")
+    return "\n".join(parts)

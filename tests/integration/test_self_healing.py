@@ -1,0 +1,132 @@
+"""Self-healing workers on a real local Ray: SIGKILL of a rollout or a reward worker's process mid-run.
+
+Ray restarts the actor (``max_restarts``) and runs its unfinished calls again; the new rollout process
+reloads the weights its predecessor had (`toolbox.actors.supervisor`), never the initial ones. Past the
+bound, the death fails loudly as before, naming role, rank and node.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+import torch
+
+from toolbox.config import load_config
+from toolbox.core.errors import WorkerError
+from toolbox.experiment import ExperimentBuilder
+from toolbox.models.loading import load_causal_lm
+
+pytestmark = pytest.mark.integration
+
+
+def pid_of(actor: Any) -> int:
+    return int(ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60))
+
+
+def sigkill(pid: int) -> int:
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_killed_rollout_and_reward_workers_are_restarted_with_current_weights(ray_session: None,
+                                                                               tmp_path: Path) -> None:
+    """Step 2: both killed with their calls in flight, both restarted, the step completes. Step 3: the reward
+    worker killed again, past ``reward.max_restarts=1``: the run fails naming role, rank and node."""
+    cfg = load_config([f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0", "trainer.save_every=0",
+                       "trainer.log_samples_every=0", "trainer.total_steps=3", "rollout.num_workers=1",
+                       "reward.num_workers=1", "learner.num_workers=1", "learner.strategy=single",
+                       "algorithm.prompts_per_step=4", "rollout.max_restarts=1", "reward.max_restarts=1",
+                       "learner.optim.lr=0.01", "learner.optim.weight_decay=0.1",  # decay: the weights move
+                       "learner.optim.scheduler=constant"])
+    builder = ExperimentBuilder(cfg)
+    trainer = builder.build_trainer()
+    rollout, reward = trainer.rollout.group, trainer.reward.group
+    generate, score = trainer.rollout.generate, trainer.reward.score
+    killed: dict[str, int] = {}
+    killed_at: list[float] = []
+    held: list[Any] = []  # what the restarted rollout process holds when it runs the retried generate
+    current: list[dict[str, torch.Tensor]] = []  # the learner's weights during step 2 (after step 1's update)
+
+    def generate_then_kill(*args: Any) -> Any:
+        if trainer.step != 1:
+            return generate(*args)
+        current.append(trainer.learner.group.call("full_state_dict")[0])
+        pid = pid_of(rollout.actors[0])  # asked first: an actor answers calls in order
+        pending = generate(*args)
+        killed["rollout"] = sigkill(pid)  # step 2's generate is in flight: Ray runs it again on a new process
+        held.append(rollout.submit("state_dict"))  # queued right behind the retried generate
+        return pending
+
+    def score_then_kill(*args: Any) -> Any:
+        if trainer.step == 0:
+            return score(*args)
+        pid = pid_of(reward.actors[0])
+        pending = score(*args)
+        killed[f"reward at step {trainer.step + 1}"] = sigkill(pid)
+        killed_at.append(time.monotonic())
+        return pending
+
+    trainer.rollout.generate, trainer.reward.score = generate_then_kill, score_then_kill  # type: ignore[method-assign]
+    try:
+        with pytest.raises(WorkerError, match=r"reward rank 0 on node [0-9.]+: score died"):
+            trainer.fit()
+        failed_in = time.monotonic() - killed_at[-1]
+        assert len(trainer.history) == 2 and pid_of(rollout.actors[0]) != killed["rollout"]
+        assert [m["rollout_restarts"] for m in trainer.history] == [0.0, 1.0]
+        assert [m["reward_restarts"] for m in trainer.history] == [0.0, 1.0]
+        initial = load_causal_lm(builder.model_path).state_dict()
+        assert any(not torch.equal(current[0][k], initial[k]) for k in initial), "step 1 changed no weight"
+        restarted_sd = held[0].result()[0]
+        for name, tensor in current[0].items():
+            assert torch.equal(restarted_sd[name], tensor), f"the restarted rollout worker generated with a stale {name}"
+        step_s = [round(m["step_time_s"], 1) for m in trainer.history]
+        print(f"figures: step seconds {step_s} (step 2: both restarted); past the bound: failed {failed_in:.1f}s after "
+              "the kill")
+    finally:
+        builder.shutdown()
+
+
+@pytest.mark.slow
+def test_killed_learner_rank_restarts_the_group_from_the_last_checkpoint(ray_session: None, tmp_path: Path) -> None:
+    """Rank 1 of two FSDP2 ranks killed in step 3's update: both ranks start anew, load step 2's checkpoint,
+    and step 3 is done again; the run completes."""
+    cfg = load_config([f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0", "trainer.save_every=1",
+                       "trainer.log_samples_every=0", "trainer.total_steps=3", "rollout.num_workers=1",
+                       "reward.num_workers=1", "learner.num_workers=2", "learner.strategy=fsdp2",
+                       "algorithm.prompts_per_step=4", "learner.micro_batch_size=8", "learner.max_restarts=1"])
+    builder = ExperimentBuilder(cfg)
+    trainer = builder.build_trainer()
+    learner = trainer.learner.group
+    update, prepare = trainer.learner.update, trainer.prepare
+    resumed: list[int] = []
+    killed_at: list[float] = []
+
+    def update_then_kill(*args: Any, **kwargs: Any) -> Any:
+        pid = pid_of(learner.actors[1]) if trainer.step == 2 and not killed_at else 0
+        pending = update(*args, **kwargs)
+        if pid:
+            sigkill(pid)
+            killed_at.append(time.monotonic())
+        return pending
+
+    def recorded_prepare() -> int:
+        resumed.append(prepare())
+        return resumed[-1]
+
+    trainer.learner.update, trainer.prepare = update_then_kill, recorded_prepare  # type: ignore[method-assign]
+    try:
+        summary = trainer.fit()
+        assert summary["steps"] == 3 and killed_at
+        assert resumed == [0, 2]  # the start, then step 2's checkpoint after the restart
+        assert [m["learner_restarts"] for m in trainer.history] == [0.0, 0.0, 1.0]
+        assert Path(summary["last_checkpoint"]).name == "step_3"
+        print(f"figures: learner rank killed -> step 3 done {trainer.history[-1]['step_time_s']:.1f}s after it began "
+              f"(step 2 took {trainer.history[1]['step_time_s']:.1f}s)")
+    finally:
+        builder.shutdown()

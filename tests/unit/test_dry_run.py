@@ -1,0 +1,94 @@
+"""`toolbox run ... --dry-run`: the plan of a run, printed without Ray, a run directory or weights."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from toolbox import dry_run
+from toolbox.config import load_config
+from toolbox.run import main as run_main
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    monkeypatch.setenv("COLUMNS", "200")
+    root = tmp_path / "runs"
+    code = run_main(["experiment=grpo_tiny", f"trainer.run_root={root}", "learner.micro_batch_size=16", "--dry-run"])
+
+    out = capsys.readouterr().out
+    assert code == 0
+    assert not ray.is_initialized()
+    assert not root.exists()  # no run directory, no tiny model written under it
+    assert re.search(r"learner\.micro_batch_size\s+│ 16\s", out)  # the diff from the defaults
+    assert re.search(r"learner\s+│ LearnerWorker\s+│ 2\s+│ 0.5 CPU\s+│ 2 x \{CPU: 0.5\}, PACK", out)
+    assert "128 / 2 ranks = 64 rollouts" in out and "64 / micro_batch_size 16 = 4" in out
+    assert "total on cpu" in out
+
+
+def test_the_parameter_count_matches_the_built_model(tiny_model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    from_path = dry_run.model_shape(load_config([f"model.path={tiny_model_dir}", "model.tiny=null"]))
+    from_tiny = dry_run.model_shape(load_config([]))  # the default tiny model, from its config alone
+
+    assert from_path.params == from_tiny.params == sum(p.numel() for p in model.parameters())
+    assert from_path.block_params == sum(p.numel() for p in model.model.layers[0].parameters())
+
+
+def memory(*overrides: str) -> dict[str, dry_run.MemoryLine]:
+    cfg = load_config(["experiment=grpo_tiny", *overrides])
+    return {line.what: line for line in dry_run.memory_lines(cfg, dry_run.model_shape(cfg))}
+
+
+def test_memory_follows_sharding_precision_and_offload() -> None:
+    params = dry_run.model_shape(load_config(["experiment=grpo_tiny"])).params
+
+    fsdp = memory("learner.num_workers=2")
+    assert fsdp["parameters"].bytes == params * 4 / 2
+    assert fsdp["optimizer state (AdamW)"].bytes == 2 * params * 4 / 2
+    assert "frozen reference" in fsdp  # grpo_tiny has a KL term
+    ddp = memory("learner.strategy=ddp", "learner.num_workers=2", "algorithm.kl_coef=0")
+    assert ddp["parameters"].bytes == params * 4 and "frozen reference" not in ddp
+    assert "gathered blocks (FSDP2)" not in ddp
+    bf16 = memory("learner.mixed_precision=bf16", "learner.gpus_per_worker=1", "learner.offload=optimizer")
+    assert bf16["gathered blocks (FSDP2)"].bytes == fsdp["gathered blocks (FSDP2)"].bytes / 2
+    assert bf16["gradients"].where == "host (offload)" and bf16["activations (one micro-batch)"].where == "cuda"
+    checkpointed = memory("learner.activation_checkpointing=true")
+    assert checkpointed["activations (one micro-batch)"].bytes < fsdp["activations (one micro-batch)"].bytes
+
+
+def test_batch_arithmetic_of_each_family() -> None:
+    sft = dict(dry_run.batch_rows(load_config(["experiment=sft_tiny"])))
+    assert sft["per learner rank"] == "64 / 2 ranks = 32 records"
+    env = dict(dry_run.batch_rows(load_config(["experiment=ppo_cartpole"])))
+    assert env["env steps per step"] == "2 runners x 4 envs x 128 = 1024"
+    ppo = dict(dry_run.batch_rows(load_config(["experiment=ppo_tiny", "algorithm.mini_batches=2",
+                                               "learner.micro_batch_size=8"])))
+    assert ppo["optimizer steps per step"] == "2 epochs x 2 mini-batches = 4"
+    assert ppo["micro-batches (grad. accumulation)"] == "16 / micro_batch_size 8 = 2"
+    online_dpo = dict(dry_run.batch_rows(load_config(["experiment=online_dpo_tiny", "algorithm.prompts_per_step=8",
+                                                      "learner.micro_batch_size=2"])))
+    assert online_dpo["preference pairs per step"] == "one per group = 8"  # DPO trains on pairs, not rollouts
+    assert online_dpo["micro-batches (grad. accumulation)"] == "4 / micro_batch_size 2 = 2"
+
+
+def test_actors_follow_the_algorithm_roles() -> None:
+    rows = dry_run.actor_rows(load_config(["experiment=ppo_cartpole", "env.num_workers=3"]))
+    assert [(r[0], r[2]) for r in rows] == [("env", "3"), ("learner", "1")]
+    local = dry_run.actor_rows(load_config(["experiment=sft_tiny", "ray.local_mode=true", "learner.num_workers=1",
+                                            "learner.strategy=single"]))
+    assert local[0][4] == "in-process (ray.local_mode)"
+
+
+def test_an_unreadable_model_path_is_a_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "no-model"
+    code = run_main([f"model.path={missing}", "model.tiny=null", "--dry-run"])
+
+    assert code == 2
+    assert f"model.path: cannot load a model config from '{missing}'" in capsys.readouterr().err

@@ -1,0 +1,143 @@
+"""``tool_env``: a text environment that offers a tool set and scores the final answer.
+
+Each model turn is either tool calls (in one of the configured formats) or a final answer. Calls
+run through a `ToolRunner` (timeout, errors as text) and their results come back as the next
+observation; the first turn whose calls all succeed earns ``call_reward``. A message with no call is the
+final answer: ``answer_reward`` if it matches the row's reference ``answer`` (else, optionally,
+``answer_char_reward`` times the fraction of the answer's characters in place), and the episode ends.
+A malformed call attempt is answered with the parse error, so the model can try again.
+
+Optional format shaping for models that start from scratch: when the prompt shows an example call
+(``example_pattern`` extracts it), a first turn that does not make a successful call earns
+``example_reward`` times the fraction of the example's characters it reproduces, position by
+position. It is shaping, not the task: it says nothing about the answer.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
+
+from toolbox.agents.env import TEXT_ENVS, EnvStep
+from toolbox.agents.parsing import CallFormat, parse_tool_calls
+from toolbox.agents.tools import TOOLS, ToolCall, ToolRunner
+from toolbox.core.registry import Spec, SpecOf
+
+TOOL = SpecOf(TOOLS)
+
+
+class ToolEnvConfig(BaseModel):
+    """Options of ``tool_env``."""
+
+    model_config = ConfigDict(extra="forbid")
+    tools: list[Annotated[SerializeAsAny[Spec], TOOL]] = Field(
+        default_factory=lambda: [TOOL.parse({"name": "add"})], min_length=1,
+        description="Tools offered, each `name` (a registered tool) and its options.")
+    formats: list[CallFormat] = Field(["tool_call", "json"], min_length=1, description="Call formats recognised, "
+                                      "tried in order: `tool_call` (<tool_call>{json}</tool_call>), `json` (the "
+                                      "message is a call object or list), `pythonic` ([add(a=1, b=2)]).")
+    timeout_s: float = Field(5.0, gt=0, description="Longest one tool call may run; a late call is an error "
+                             "message to the model.")
+    observation_template: str = Field("<tool_response>{result}</tool_response>", description="How one call's result "
+                                      "is shown to the model; `{result}` is replaced by the result text.")
+    error_template: str = Field("error: {error}", description="How a failed call or a call that does not parse is "
+                                "shown (inside `observation_template`); `{error}` is replaced by the message. A char "
+                                "model whose alphabet cannot spell the messages shows a fixed text instead.")
+    call_reward: float = Field(0.0, description="Reward of the first turn whose tool calls all ran without error "
+                               "(once per episode, so repeating a call earns nothing).")
+    answer_reward: float = Field(1.0, description="Reward of a final answer equal to the row's reference answer.")
+    answer_char_reward: float = Field(0.0, ge=0, description="Answer shaping: a final answer that is not right "
+                                      "earns this times the fraction of the reference answer's characters it has "
+                                      "in place.")
+    answer_pattern: str = Field(r"(?s)\s*(.*?)\s*", description="Regular expression the final message must fully "
+                                "match; its group 1 is the answer compared with the reference.")
+    variables_pattern: str = Field("", description="Regular expression found in the prompt as often as it "
+                                   "occurs; groups 1 and 2 are a variable's name and integer value, which "
+                                   "pythonic calls may pass by name (empty: no variables).")
+    injected: list[str] = Field([], description="Variables passed to every call as the arguments of those names "
+                                "(the model does not write them, like LangChain's injected tool arguments); "
+                                "a call's own arguments come on top.")
+    example_pattern: str = Field("", description="Regular expression whose group 1 extracts an example call from "
+                                 "the prompt (empty: no format shaping).")
+    example_reward: float = Field(0.0, ge=0, description="Format shaping: a first turn without a successful call "
+                                  "earns this times the fraction of the example call's characters it matches, "
+                                  "position by position.")
+
+    @field_validator("answer_pattern", "example_pattern", "variables_pattern")
+    @classmethod
+    def _compiles(cls, pattern: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ValueError(f"not a valid regular expression: {err}") from None
+        return pattern
+
+
+@TEXT_ENVS.register("tool_env", config=ToolEnvConfig)
+class ToolEnv:
+    """Offers tools; each turn is tool calls (answered with their results) or the final answer (scored)."""
+
+    def __init__(self, config: ToolEnvConfig) -> None:
+        self.config = config
+        self.runner = ToolRunner([TOOLS.build(spec) for spec in config.tools], config.timeout_s)
+        self.answer, self.example, self.turn, self.called = "", "", 0, False
+        self.variables: dict[str, int] = {}
+
+    def reset(self, prompt: str, extras: dict[str, Any]) -> str:
+        self.answer, self.turn, self.called = str(extras.get("answer", "")), 0, False
+        found = re.search(self.config.example_pattern, prompt) if self.config.example_pattern else None
+        self.example = found.group(1) if found else ""
+        pattern = self.config.variables_pattern
+        self.variables = {m.group(1): int(m.group(2)) for m in re.finditer(pattern, prompt)} if pattern else {}
+        return ""
+
+    def step(self, action: str) -> EnvStep:
+        self.turn += 1
+        parsed = parse_tool_calls(action, self.config.formats, self.variables)
+        if parsed.error:
+            return EnvStep(self._show(self._error(f"could not parse the tool call: {parsed.error}")),
+                           self._shaping(action), False, {"tool_calls": 0, "tool_errors": 1})
+        if parsed.calls:
+            results = [self.runner.run(self._inject(call)) for call in parsed.calls]
+            ok = all(r.ok for r in results)
+            reward = self._call_reward() if ok else self._shaping(action)
+            return EnvStep("".join(self._show(r.text if r.ok else self._error(r.text)) for r in results), reward, False,
+                           {"tool_calls": len(results), "tool_errors": sum(not r.ok for r in results)})
+        match = re.fullmatch(self.config.answer_pattern, action)
+        correct = match is not None and match.group(1) == self.answer
+        partial = self.config.answer_char_reward * in_place(action.strip(), self.answer)
+        reward = (self.config.answer_reward if correct else partial) + self._shaping(action)
+        return EnvStep("", reward, True, {"correct": correct})
+
+    def _inject(self, call: ToolCall) -> ToolCall:
+        """``call`` with the ``injected`` variables added as named arguments (a call without arguments gets them all)."""
+        if not self.config.injected or (isinstance(call.arguments, list) and call.arguments):
+            return call
+        given = call.arguments if isinstance(call.arguments, dict) else {}
+        injected = {k: self.variables[k] for k in self.config.injected if k in self.variables}
+        return ToolCall(call.name, {**injected, **given})
+
+    def _call_reward(self) -> float:
+        first, self.called = not self.called, True
+        return self.config.call_reward if first else 0.0
+
+    def _show(self, result: str) -> str:
+        return self.config.observation_template.replace("{result}", result)
+
+    def _error(self, message: str) -> str:
+        return self.config.error_template.replace("{error}", message)
+
+    def _shaping(self, action: str) -> float:
+        """Format credit for a first turn that made no successful call (0 without an example in the prompt)."""
+        if self.turn != 1 or not self.example or not self.config.example_reward:
+            return 0.0
+        return self.config.example_reward * in_place(action, self.example)
+
+
+def in_place(text: str, target: str) -> float:
+    """The fraction of ``target``'s characters ``text`` has at the same positions (over the longer length)."""
+    if not target:
+        return 0.0
+    return sum(a == b for a, b in zip(text, target)) / max(len(target), len(text))

@@ -1,0 +1,23 @@
+"""Reward-model training: Bradley-Terry on preference pairs, a scalar head on the base model; the offline loop."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from toolbox.algorithms.base import offline_wiring, register_algorithm
+from toolbox.algorithms.rm.config import RMConfig
+from toolbox.core.events import EventBus
+from toolbox.trainers.base import BaseTrainer
+
+if TYPE_CHECKING:
+    from toolbox.experiment import ExperimentBuilder
+
+
+@register_algorithm("rm", RMConfig)
+def wire(builder: ExperimentBuilder, bus: EventBus) -> BaseTrainer:
+    """A reward model from chosen/rejected pairs; the summary tracks loss, pair accuracy and score margin.
+    The run exports ``RUN_DIR/hf``: an ``AutoModelForSequenceClassification`` directory (the ``reward_model``
+    reward's ``path``)."""
+    from toolbox.algorithms.rm.learner import RMLearner
+
+    return offline_wiring(builder, bus, RMLearner, ("loss", "accuracy", "margin"))

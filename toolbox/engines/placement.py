@@ -1,0 +1,135 @@
+"""Where rollout engines sit relative to the learner, and which path the weight sync takes because of it.
+
+``rollout.placement``:
+
+- ``split`` (default): each role has its own placement group; a GPU belongs to one role.
+- ``colocate``: learner rank i and rollout worker i share bundle i of one placement group, which holds both
+  actors' CPUs and GPUs (`colocated_bundle`). With fractional GPUs that add up to at most one (e.g. 0.5 + 0.5)
+  the bundle reserves one GPU and Ray gives both actors that device. The online loop then puts the engines to
+  sleep while the learner trains (`toolbox.trainers.online.OnlineTrainer`).
+
+`choose_sync_path` picks the weight-sync path from the config and, once the actors run, their nodes:
+``object_store`` (CPU learners or engines, engines on other nodes, engines that load CPU buckets), ``cuda_ipc``
+(vLLM / SGLang on the learner's own GPU) or ``nccl`` (both on GPUs, different devices of one node). ``nccl`` is
+not built in this release and falls back to the object store; the choice says so (`SyncPath.runs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from toolbox.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from toolbox.config.schema import ExperimentConfig
+
+Placement = Literal["split", "colocate"]
+COLOCATED_ROLES = ("rollout", "learner")
+# Engines whose sleep() frees GPU memory only when started for it: engine name -> the option that allows it.
+SLEEP_OPTIONS = {"vllm": "enable_sleep_mode", "sglang": "enable_memory_saver"}
+# Engines that can take weights over CUDA IPC from tensors on their GPU (toolbox.engines.vllm / sglang).
+IPC_ENGINES = ("vllm", "sglang")
+
+
+def check_colocation(cfg: ExperimentConfig) -> None:
+    """At config load: what ``rollout.placement: colocate`` needs (one engine per learner rank, engines that can
+    sleep, one strategy for the shared placement group)."""
+    if cfg.rollout.placement != "colocate":
+        return
+    if "rollout" not in cfg.algorithm.roles or "learner" not in cfg.algorithm.roles:
+        raise ConfigError(f"rollout.placement: colocate pairs rollout workers with learner ranks; algorithm "
+                          f"{cfg.algorithm.name!r} has the roles {list(cfg.algorithm.roles)}")
+    if cfg.rollout.num_workers != cfg.learner.num_workers:
+        raise ConfigError(f"rollout.placement: colocate puts rollout worker i with learner rank i, so "
+                          f"rollout.num_workers ({cfg.rollout.num_workers}) must equal learner.num_workers "
+                          f"({cfg.learner.num_workers})")
+    option = SLEEP_OPTIONS.get(cfg.rollout.engine.name)
+    if option is not None and not getattr(cfg.rollout.engine, option):
+        raise ConfigError(f"rollout.placement: colocate puts the {cfg.rollout.engine.name} engine to sleep while the "
+                          f"learner trains; set rollout.engine.{option}: true")
+    strategies = {role: cfg.ray.placement[role].strategy for role in COLOCATED_ROLES if role in cfg.ray.placement}
+    if len(set(strategies.values())) > 1:
+        raise ConfigError(f"rollout.placement: colocate puts rollout and learner in one placement group; "
+                          f"ray.placement gives them different strategies {strategies}")
+
+
+def colocated_bundle(cfg: ExperimentConfig) -> tuple[dict[str, float], str]:
+    """One bundle (learner rank i + rollout worker i: their CPUs, GPUs and custom resources added up) and the
+    strategy of the shared placement group (``ray.placement.learner`` or ``.rollout``, else PACK)."""
+    bundle: dict[str, float] = {}
+    strategy = "PACK"
+    for role in COLOCATED_ROLES:
+        section = getattr(cfg, role)
+        where = cfg.ray.placement.get(role)
+        wants = {"CPU": section.cpus_per_worker, "GPU": section.gpus_per_worker,
+                 **(where.resources if where is not None else {})}
+        for key, amount in wants.items():
+            bundle[key] = bundle.get(key, 0.0) + amount
+        strategy = where.strategy if where is not None else strategy
+    if not bundle["GPU"]:
+        del bundle["GPU"]
+    return bundle, strategy
+
+
+SyncKind = Literal["object_store", "cuda_ipc", "nccl"]
+
+
+@dataclass(frozen=True)
+class SyncPath:
+    """The weight-sync path the placement calls for (``chosen``), the one this release runs (``runs``), and why."""
+
+    chosen: SyncKind
+    runs: SyncKind
+    reason: str
+
+    def describe(self) -> str:
+        """One line for the run's log and ``--dry-run``."""
+        if self.chosen == self.runs:
+            return f"weight sync: {self.chosen} ({self.reason})"
+        return (f"weight sync: {self.chosen} chosen ({self.reason}); not built in this release, falls back to "
+                f"{self.runs}")
+
+
+def choose_sync_path(cfg: ExperimentConfig, learner_nodes: list[str | None] | None = None,
+                     rollout_nodes: list[str | None] | None = None) -> SyncPath:
+    """The weight-sync path from the config and, when known, the Ray node of each learner rank and rollout worker.
+
+    The learner exports CPU buckets in every case; ``cuda_ipc`` means the rollout worker (on the learner's node and
+    GPU) copies them onto that GPU and hands vLLM / SGLang CUDA IPC handles (`toolbox.engines.vllm`).
+    """
+    engine, learner, rollout = cfg.rollout.engine.name, cfg.learner, cfg.rollout
+    if engine not in IPC_ENGINES:
+        return SyncPath("object_store", "object_store", f"the {engine} engine loads CPU buckets itself")
+    if learner.device == "cpu" or not learner.gpus_per_worker:
+        return SyncPath("object_store", "object_store", "the learner runs on the CPU")
+    if not rollout.gpus_per_worker:
+        return SyncPath("object_store", "object_store", "the rollout workers reserve no GPU")
+    if rollout.placement == "colocate":
+        if learner.gpus_per_worker + rollout.gpus_per_worker <= 1:
+            return SyncPath("cuda_ipc", "cuda_ipc", f"learner rank i and {engine} engine i share one GPU")
+        return SyncPath("nccl", "object_store", "learner rank i and engine i share a node, on different GPUs")
+    if learner_nodes is not None and rollout_nodes is not None and not set(rollout_nodes) <= set(learner_nodes):
+        return SyncPath("object_store", "object_store", "some engines run on nodes without a learner rank")
+    return SyncPath("nccl", "object_store", "learner and engines on GPUs of their own")
+
+
+def reserve_colocated(cfg: ExperimentConfig) -> object:
+    """The shared placement group of a colocated run: ``learner.num_workers`` bundles of `colocated_bundle`
+    (bundle i: learner rank i and rollout worker i), scheduled within ``ray.placement_timeout_s``."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundle, strategy = colocated_bundle(cfg)
+    n, timeout = cfg.learner.num_workers, cfg.ray.placement_timeout_s
+    pg = placement_group([bundle] * n, strategy=strategy)
+    try:
+        ray.get(pg.ready(), timeout=timeout)
+    except GetTimeoutError:
+        remove_placement_group(pg)
+        free = {k: ray.available_resources().get(k, 0.0) for k in bundle}
+        raise ConfigError(f"rollout.placement: colocate: a placement group of {n} x {bundle} (learner rank + rollout "
+                          f"worker per bundle) was not scheduled within {timeout:g}s (ray.placement_timeout_s); free "
+                          f"now: {free}. Lower learner/rollout cpus_per_worker or gpus_per_worker, or add nodes") from None
+    return pg
