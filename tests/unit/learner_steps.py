@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import torch.multiprocessing as mp
 
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import RolloutBatch
@@ -14,3 +20,12 @@ def online_step(learner: Any, shards: list[RolloutBatch], results: list[RewardRe
     """``learner.plan`` then ``learner.update`` with the shards rank 0 is told to fetch."""
     plan = learner.plan(shards, results, keep_groups)
     return learner.update(plan, {i: shards[i] for i in plan.shards_for(0)})
+
+
+def spawn_two_gloo_ranks(fn: Callable[..., None], model_dir: str | Path, out: Path) -> None:
+    """``fn(rank, model_dir, port, out)`` in two spawned processes that meet at a free local port (gloo)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    mp.spawn(fn, args=(str(model_dir), port, str(out)), nprocs=2, join=True)

@@ -9,15 +9,13 @@ Not covered: CUDA (tests/gpu), nccl, CPU offload (a no-op on CPU ranks).
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests.unit.learner_steps import spawn_two_gloo_ranks
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.policy import PolicyRank
 from toolbox.learner.strategy import peak_memory_gb
@@ -86,12 +84,8 @@ def curves(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tu
     work = tmp_path_factory.mktemp("precision")
     model_dir = work / "model"
     model_dir.symlink_to(tiny_model_dir, target_is_directory=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = work / "curves.json"
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    mp.spawn(_rank, args=(str(model_dir), port, str(out)), nprocs=2, join=True)
+    spawn_two_gloo_ranks(_rank, model_dir, out)
     return json.loads(out.read_text()), work
 
 

@@ -5,15 +5,13 @@ and 2 real FSDP2 ranks (gloo) reach the same merged weights as one rank."""
 from __future__ import annotations
 
 import copy
-import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests.unit.learner_steps import spawn_two_gloo_ranks
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.lora import merged_state_dict
 from toolbox.learner.policy import PolicyRank
@@ -143,12 +141,8 @@ def _fsdp_rank(rank: int, model_dir: str, port: int, out: str) -> None:
 
 
 def test_fsdp2_two_ranks_match_one_rank(trained: PolicyRank, tiny_model_dir: Path, tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path / "fsdp.pt"
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    mp.spawn(_fsdp_rank, args=(str(tiny_model_dir), port, str(out)), nprocs=2, join=True)
+    spawn_two_gloo_ranks(_fsdp_rank, tiny_model_dir, out)
     got = torch.load(out)
     want = merged_state_dict(trained.full_state_dict(), trained.cfg.lora)  # type: ignore[arg-type]
     assert sorted(got["merged"]) == sorted(want)
