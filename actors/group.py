@@ -109,6 +109,19 @@ class LocalWaiter:
 RAY_WAITER, LOCAL_WAITER = RayWaiter(), LocalWaiter()
 
 
+def reserve(bundle: dict[str, float], n: int, strategy: str, timeout_s: float,
+            unscheduled: Callable[[], Exception]) -> PlacementGroup:
+    """A placement group of ``n`` x ``bundle``, scheduled within ``timeout_s``; otherwise it is removed and
+    ``unscheduled()`` raised (called then, so its message can say what is free at that moment)."""
+    pg = placement_group([bundle] * n, strategy=strategy)
+    try:
+        ray.get(pg.ready(), timeout=timeout_s)
+    except GetTimeoutError:
+        remove_placement_group(pg)
+        raise unscheduled() from None
+    return pg
+
+
 class WorkerGroup:
     """``num_workers`` Ray actors of ``cls`` for one ``role``, placed in one placement group."""
 
@@ -171,16 +184,11 @@ class WorkerGroup:
 
     def _reserve(self, n: int, cpus: float, gpus: float, timeout_s: float, strategy: str) -> PlacementGroup:
         bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {}), **self.resources}
-        pg = placement_group([bundle] * n, strategy=strategy)
-        try:
-            ray.get(pg.ready(), timeout=timeout_s)
-        except GetTimeoutError:
-            remove_placement_group(pg)
-            raise WorkerError(self.role, -1, None, f"placement group of {n} x {bundle} was not scheduled within "
-                              f"{timeout_s}s; free: {ray.available_resources().get('CPU', 0):.2f} of "
-                              f"{ray.cluster_resources().get('CPU', 0):.2f} CPUs (lower {self.role}.cpus_per_worker "
-                              f"or add nodes{self._missing_resources()})") from None
-        return pg
+        return reserve(bundle, n, strategy, timeout_s, lambda: WorkerError(
+            self.role, -1, None, f"placement group of {n} x {bundle} was not scheduled within "
+            f"{timeout_s}s; free: {ray.available_resources().get('CPU', 0):.2f} of "
+            f"{ray.cluster_resources().get('CPU', 0):.2f} CPUs (lower {self.role}.cpus_per_worker "
+            f"or add nodes{self._missing_resources()})"))
 
     def _missing_resources(self) -> str:
         missing = sorted(k for k in self.resources if k not in ray.cluster_resources())

@@ -171,8 +171,6 @@ class ExperimentBuilder:
 
     def colocated_pg(self) -> Any:
         """The shared placement group of a colocated run, reserved by the first of its roles to start."""
-        from toolbox.engines.placement import reserve_colocated
-
         if self._colocated_pg is None:
             self._colocated_pg = reserve_colocated(self.cfg)
         return self._colocated_pg
@@ -363,3 +361,20 @@ def _host_port(address: str) -> tuple[str, int, str]:
     if not parts.hostname:
         return "", 0, "not a host:port address"
     return parts.hostname, port, ""
+
+
+def reserve_colocated(cfg: ExperimentConfig) -> Any:
+    """The shared placement group of a colocated run: ``learner.num_workers`` bundles of `colocated_bundle`
+    (bundle i: learner rank i and rollout worker i), scheduled within ``ray.placement_timeout_s``."""
+    import ray
+
+    from toolbox.actors.group import reserve
+    from toolbox.engines.placement import colocated_bundle
+
+    bundle, strategy = colocated_bundle(cfg)
+    n, timeout = cfg.learner.num_workers, cfg.ray.placement_timeout_s
+    return reserve(bundle, n, strategy, timeout, lambda: ConfigError(
+        f"rollout.placement: colocate: a placement group of {n} x {bundle} (learner rank + rollout worker per "
+        f"bundle) was not scheduled within {timeout:g}s (ray.placement_timeout_s); free now: "
+        f"{ {k: ray.available_resources().get(k, 0.0) for k in bundle} }. Lower learner/rollout cpus_per_worker "
+        "or gpus_per_worker, or add nodes"))

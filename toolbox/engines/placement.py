@@ -112,24 +112,3 @@ def choose_sync_path(cfg: ExperimentConfig, learner_nodes: list[str | None] | No
     if learner_nodes is not None and rollout_nodes is not None and not set(rollout_nodes) <= set(learner_nodes):
         return SyncPath("object_store", "object_store", "some engines run on nodes without a learner rank")
     return SyncPath("nccl", "object_store", "learner and engines on GPUs of their own")
-
-
-def reserve_colocated(cfg: ExperimentConfig) -> object:
-    """The shared placement group of a colocated run: ``learner.num_workers`` bundles of `colocated_bundle`
-    (bundle i: learner rank i and rollout worker i), scheduled within ``ray.placement_timeout_s``."""
-    import ray
-    from ray.exceptions import GetTimeoutError
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    bundle, strategy = colocated_bundle(cfg)
-    n, timeout = cfg.learner.num_workers, cfg.ray.placement_timeout_s
-    pg = placement_group([bundle] * n, strategy=strategy)
-    try:
-        ray.get(pg.ready(), timeout=timeout)
-    except GetTimeoutError:
-        remove_placement_group(pg)
-        free = {k: ray.available_resources().get(k, 0.0) for k in bundle}
-        raise ConfigError(f"rollout.placement: colocate: a placement group of {n} x {bundle} (learner rank + rollout "
-                          f"worker per bundle) was not scheduled within {timeout:g}s (ray.placement_timeout_s); free "
-                          f"now: {free}. Lower learner/rollout cpus_per_worker or gpus_per_worker, or add nodes") from None
-    return pg
