@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml setup.py  # setup.py maps actors/ and configs/ into the
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch first: a looser requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test,tensorboard,serve,docs,wandb,mlflow,optuna]"
+	$(BIN)/pip install -q -e ".[test,tensorboard,serve,docs,wandb,mlflow,optuna,mujoco,box2d]"
 	rm -f $(VENV)/.installed-* && touch $@
 
 setup: $(STAMP)
@@ -24,7 +24,7 @@ lint: setup
 	$(BIN)/mypy toolbox actors  # actors/ is checked as a top-level package (relative imports)
 
 test: lint  ## the whole suite: unit, integration (local Ray), e2e (ray job submit), slow
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=25
 
 test-fast: setup  ## unit tests only (no Ray), seconds
 	$(BIN)/python -m pytest -q tests/unit

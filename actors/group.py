@@ -128,7 +128,8 @@ class WorkerGroup:
     def __init__(self, role: str, cls: type, num_workers: int, make_kwargs: Callable[[int], dict[str, Any]],
                  timeout_s: float, cpus: float = 1.0, gpus: float = 0.0, env: dict[str, str] | None = None,
                  placement_timeout_s: float = 60.0, placement: tuple[PlacementGroup, int] | None = None,
-                 resources: dict[str, float] | None = None, strategy: str = "PACK", max_restarts: int = 0) -> None:
+                 resources: dict[str, float] | None = None, strategy: str = "PACK", max_restarts: int = 0,
+                 wait: bool = True) -> None:
         """``placement=(pg, first)`` puts the actors in bundles ``first..first+n-1`` of an existing placement
         group (a Tune trial's); otherwise the group reserves a placement group of its own with ``strategy``.
         ``resources``: custom Ray resources each actor needs (in its bundle too).
@@ -136,7 +137,10 @@ class WorkerGroup:
         ``max_restarts > 0`` makes the workers self-healing: Ray restarts a dead one (up to that many times in
         all, per worker) and runs its unfinished calls again on the new process, which gets a ``supervisor``
         keyword (`toolbox.actors.supervisor`) to recover what its predecessor had loaded. Past the bound, a
-        call on the dead worker fails as without restarts."""
+        call on the dead worker fails as without restarts.
+
+        ``wait=False`` returns as soon as the actors are created, their constructors (model loading) still
+        running, so several groups start at once; `started` waits for them (calls may be submitted before)."""
         self.role, self.timeout_s = role, timeout_s
         self.nodes: list[str | None] = [None] * num_workers
         self.owns_pg = placement is None
@@ -158,14 +162,29 @@ class WorkerGroup:
         self.actors = [self.spawn(i) for i in range(num_workers)]
         self.replacements, self.max_replacements = 0, 0  # `replace_all`: times done, times allowed
         self.on_replace: Callable[[WorkerGroup], None] | None = None  # sets new workers up as at start
-        self._started()
+        self._ready: Pending[Any] | None = None
+        if wait:
+            self._started()
+        else:
+            self._submit_ready()
+
+    def _submit_ready(self) -> None:
+        self._ready = self.submit("ready", timeout_s=self.start_s)
 
     def _started(self) -> None:
-        infos = self.call("ready", timeout_s=self.start_s)
+        self._submit_ready()
+        self.started()
+
+    def started(self) -> WorkerGroup:
+        """Wait (once) until every actor's constructor is done; record the node and bundle each runs in."""
+        if self._ready is None:
+            return self
+        infos, self._ready = self._ready.result(), None
         self.nodes[:] = [info.get("node_ip") for info in infos]  # in place: pendings name nodes from this list
         self.node_ids = [info.get("node_id") for info in infos]
         # (placement group id, bundle index) each actor reports it runs in (`toolbox.actors.resolve.placement_info`)
         self.bundles = [(info.get("placement_group"), info.get("bundle")) for info in infos]
+        return self
 
     def replace_all(self) -> bool:
         """Kill every worker and start new ones in the same bundles with the same arguments, then run
@@ -229,7 +248,9 @@ def _start_supervisor(role: str) -> tuple[Any, str]:
     from .supervisor import Supervisor
 
     name = f"toolbox-supervisor-{role}-{uuid.uuid4().hex[:12]}"
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    # Hard affinity: a soft one with no resources asked lets Ray pick any node (ray-project/ray#25360 fixed only the
+    # hard case), and a supervisor on a worker's node dies with it, failing the very restart it is there for.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     return ray.remote(Supervisor).options(name=name, num_cpus=0, scheduling_strategy=here).remote(), name
 
 

@@ -8,6 +8,10 @@ per restartable group) keeps, for each rank, the refs of the weight buckets that
 counts restarts; the new process asks it from its constructor (`recover`), so the calls Ray retries on it
 generate with the policy its predecessor had, never the initial one.
 
+A worker whose node is lost comes back the same way once Ray has moved its placement-group bundle to a node with
+room (``tests/e2e/test_multinode.py``); the supervisor itself is pinned to the driver's node, which the run
+cannot lose anyway.
+
 Not covered: the state of an actor other than its weights (a restarted worker's RNG stream starts fresh from
 its seed) and a dead supervisor (it holds no bulk data and runs no user code; its death fails the group's
 next restart loudly).

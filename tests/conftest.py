@@ -36,3 +36,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     alphabet = TASKS.build({"name": "digit_add"}).alphabet()
     return ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny", TinyModelConfig(), alphabet)
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op torch thread for the test (tiny networks: a second thread only adds contention, 5-10x slower
+    on a loaded 2-core machine); the previous count is restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -124,6 +124,7 @@ class ExperimentBuilder:
         self.placement: Any = None  # a Tune trial's placement group, when its actors must live inside it
         self.first_bundle: dict[str, int] = {}
         self.nodes: dict[str, list[str | None]] = {}  # role -> the Ray node id of each of its actors
+        self.starting: list[tuple[str, Any]] = []  # (role, group) made with wait=False, not yet `started`
         self._colocated_pg: Any = None  # rollout.placement: colocate: the placement group rollout and learner share
 
     def use_placement_group(self, pg: Any) -> None:
@@ -139,8 +140,11 @@ class ExperimentBuilder:
         return resolve_model_path(self.cfg, self.run_dir.parent)
 
     def group(self, role: str, cls: type, n: int, make_kwargs: Callable[[int], dict[str, Any]], timeout_s: float,
-              cpus: float, gpus: float = 0.0) -> Any:
-        """N workers of ``cls``: Ray actors in a placement group, or in-process objects in local mode."""
+              cpus: float, gpus: float = 0.0, wait: bool = True) -> Any:
+        """N workers of ``cls``: Ray actors in a placement group, or in-process objects in local mode.
+
+        ``wait=False``: return once the actors are created, their constructors (model loading) still running, so
+        the next role's actors start meanwhile; `started` waits for every such group."""
         from toolbox.actors.group import LocalGroup, WorkerGroup
 
         if self.cfg.ray.local_mode:
@@ -152,11 +156,23 @@ class ExperimentBuilder:
             where = self.cfg.ray.placement.get(role, RolePlacement())
             group = WorkerGroup(role, cls, n, make_kwargs, timeout_s, cpus, gpus, WORKER_ENV,
                                 self.cfg.ray.placement_timeout_s, placement, where.resources, where.strategy,
-                                max_restarts=self.max_restarts(role))
-            self.nodes[role] = list(group.node_ids)
-            (self.run_dir / "nodes.json").write_text(json.dumps(self.nodes, indent=1))
+                                max_restarts=self.max_restarts(role), wait=wait)
+            if wait:
+                self._record_nodes(role, group)
+            else:
+                self.starting.append((role, group))
         self.groups.append(group)
         return group
+
+    def started(self) -> None:
+        """Wait for the groups made with ``wait=False`` (they started in parallel) and record their nodes."""
+        starting, self.starting = self.starting, []
+        for role, group in starting:
+            self._record_nodes(role, group.started())
+
+    def _record_nodes(self, role: str, group: Any) -> None:
+        self.nodes[role] = list(group.node_ids)
+        (self.run_dir / "nodes.json").write_text(json.dumps(self.nodes, indent=1))
 
     def colocated(self, role: str) -> bool:
         """Whether ``role``'s actors go into the shared bundles of ``rollout.placement: colocate``."""
@@ -215,7 +231,9 @@ class ExperimentBuilder:
         inject = {"run_dir": self.run_dir, "total_steps": self.cfg.trainer.total_steps}
         for spec in self.cfg.callbacks:
             CALLBACKS.build(spec, inject=inject).attach(bus)
-        return ALGORITHMS.get(self.cfg.algorithm.name).factory(self, bus)
+        trainer = ALGORITHMS.get(self.cfg.algorithm.name).factory(self, bus)
+        self.started()  # a wiring that started groups without waiting and did not wait itself
+        return trainer
 
     def shutdown(self) -> None:
         for group in self.groups:

@@ -226,11 +226,11 @@ def _time_panel(ax: Any, numbered: Sequence[tuple[int, RunSeries]]) -> None:
     ax.legend(fontsize=7)
 
 
-def plot_runs(run_dirs: Sequence[Path], out: Path, title: str = "") -> Path | None:
-    """Read each run directory and draw their dashboard into ``out``."""
+def plot_runs(run_dirs: Sequence[Path], out: Path, title: str = "", extra: Sequence[str] = ()) -> Path | None:
+    """Read each run directory and draw their dashboard into ``out`` (``extra``: a panel per further metric)."""
     dirs = [Path(d) for d in run_dirs]
     runs = [read_run(d, label) for d, label in zip(dirs, run_labels(dirs))]
-    return dashboard(runs, out, title=title)
+    return dashboard(runs, out, title=title, extra=extra)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,10 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--out", type=Path, default=None,
                         help="PNG to write (default: RUN_DIR/dashboard.png of the first run)")
     parser.add_argument("--title", default="", help="title above the panels")
+    parser.add_argument("--metric", action="append", default=[], metavar="KEY",
+                        help="also plot this step metric in a panel of its own (repeatable), e.g. reward/answer")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     out = args.out or args.run_dirs[0] / "dashboard.png"
     try:
-        written = plot_runs(args.run_dirs, out, args.title)
+        written = plot_runs(args.run_dirs, out, args.title, args.metric)
     except ValueError as err:
         print(f"toolbox plot: {err}", file=sys.stderr)
         return 2

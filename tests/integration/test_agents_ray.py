@@ -19,7 +19,10 @@ pytestmark = pytest.mark.integration
 
 def test_tool_recipe_trains_two_steps(ray_session: None, tmp_path: Path) -> None:
     cfg = load_config(["experiment=grpo_tool_calc_tiny", f"trainer.run_root={tmp_path}", "callbacks=[]",
-                       "trainer.total_steps=2", "algorithm.prompts_per_step=4", "learner.micro_batch_size=16"])
+                       # 16 groups: the recipe's prefix credit pays a random model only in a group where some
+                       # episode starts with the call's first character, and a step with every group tied trains
+                       # nothing (4 groups were all tied for 2 steps).
+                       "trainer.total_steps=2", "algorithm.prompts_per_step=16", "learner.micro_batch_size=16"])
     builder = ExperimentBuilder(cfg)
     trainer = builder.build_trainer()
     try:

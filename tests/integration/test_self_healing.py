@@ -53,12 +53,12 @@ def test_killed_rollout_and_reward_workers_are_restarted_with_current_weights(ra
     held: list[Any] = []  # what the restarted rollout process holds when it runs the retried generate
     current: list[dict[str, torch.Tensor]] = []  # the learner's weights during step 2 (after step 1's update)
 
-    def generate_then_kill(*args: Any) -> Any:
+    def generate_then_kill(*args: Any, **kwargs: Any) -> Any:
         if trainer.step != 1:
-            return generate(*args)
+            return generate(*args, **kwargs)
         current.append(trainer.learner.group.call("full_state_dict")[0])
         pid = pid_of(rollout.actors[0])  # asked first: an actor answers calls in order
-        pending = generate(*args)
+        pending = generate(*args, **kwargs)
         killed["rollout"] = sigkill(pid)  # step 2's generate is in flight: Ray runs it again on a new process
         held.append(rollout.submit("state_dict"))  # queued right behind the retried generate
         return pending

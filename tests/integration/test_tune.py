@@ -71,6 +71,10 @@ def interrupt_when_a_trial_is_done(sweeps: Path) -> threading.Thread:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if any(done for d in sweeps.glob("*") for done, _ in tune_trials(d).values()):
+                # result.json says done as soon as Tune has the result; the trial's status (what the state
+                # snapshot keeps) turns TERMINATED only once its actor has stopped. Interrupting in between
+                # runs the trial again on resume (seen once in ~10 runs), so give the stop a moment.
+                time.sleep(1.0)
                 os.kill(os.getpid(), signal.SIGUSR1)
                 return
             time.sleep(0.05)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-import socket
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,9 +23,10 @@ def online_step(learner: Any, shards: list[RolloutBatch], results: list[RewardRe
 
 
 def spawn_two_gloo_ranks(fn: Callable[..., None], model_dir: str | Path, out: Path) -> None:
-    """``fn(rank, model_dir, port, out)`` in two spawned processes that meet at a free local port (gloo)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    """``fn(rank, model_dir, init_method, out)`` in two spawned processes that meet through a fresh rendezvous file.
+
+    A file, not a free TCP port: a port found free and released before the ranks bind can be taken in between
+    by another process on a busy machine (seen: EADDRINUSE)."""
+    rendezvous = Path(tempfile.mkdtemp(prefix="gloo-")) / "rendezvous"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    mp.spawn(fn, args=(str(model_dir), port, str(out)), nprocs=2, join=True)
+    mp.spawn(fn, args=(str(model_dir), f"file://{rendezvous}", str(out)), nprocs=2, join=True)

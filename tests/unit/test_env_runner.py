@@ -1,15 +1,25 @@
-"""`EnvRunner`: SAME_STEP autoreset, V(final obs) on truncation (not on termination), episode stats, evaluation."""
+"""`EnvRunner`: SAME_STEP autoreset, V(final obs) on truncation (not on termination), episode stats, evaluation;
+sync and async vector envs give the same rollouts, and a runner's state resumes its episodes with either."""
 
 from __future__ import annotations
 
+import pickle
+import threading
+from dataclasses import fields
+
+import gymnasium as gym
 import pytest
 import torch
+from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
-from tests.unit.fake_envs import COUNTER_TERMINATE, COUNTER_TRUNCATE, register_fake_envs
+from tests.unit.fake_envs import COUNTER_TERMINATE, COUNTER_TRUNCATE, CounterEnv, register_fake_envs
 from toolbox.envs.config import EnvConfig
 from toolbox.envs.env_runner import EnvRunner
 from toolbox.envs.make import check_env
+from toolbox.envs.trajectory import TrajectoryBatch
 from toolbox.models.mlp import PolicyConfig
+
+UNPICKLABLE = "toolbox-test/Unpicklable-v0"
 
 
 @pytest.fixture(autouse=True)
@@ -17,9 +27,10 @@ def fake_envs() -> None:
     register_fake_envs()
 
 
-def make_runner(env_id: str, num_envs: int = 2, normalize: bool = False) -> EnvRunner:
-    env = EnvConfig(id=env_id, num_envs=num_envs)
-    return EnvRunner(env, PolicyConfig(hidden_sizes=[8], normalize_obs=normalize), check_env(env), gamma=0.5, seed=0)
+def make_runner(env_id: str, num_envs: int = 2, normalize: bool = False, vectorization: str = "sync",
+                seed: int = 0) -> EnvRunner:
+    env = EnvConfig(id=env_id, num_envs=num_envs, vectorization=vectorization)  # type: ignore[arg-type]
+    return EnvRunner(env, PolicyConfig(hidden_sizes=[8], normalize_obs=normalize), check_env(env), gamma=0.5, seed=seed)
 
 
 def test_truncation_records_the_value_of_the_final_observation() -> None:
@@ -75,3 +86,68 @@ def test_evaluate_counts_one_episode_per_env_copy() -> None:
     runner = make_runner(COUNTER_TRUNCATE)
     assert runner.evaluate(5, seed=123) == [3.0] * 5
     assert runner.evaluate(0, seed=1) == []
+
+
+def with_weights_of(runner: EnvRunner, other: EnvRunner) -> EnvRunner:
+    """``other`` with ``runner``'s policy weights (each draws its initial weights from the global RNG)."""
+    other.model.load_state_dict(runner.model.state_dict())
+    return other
+
+
+def same_batches(a: TrajectoryBatch, b: TrajectoryBatch) -> bool:
+    return all(torch.equal(getattr(a, f.name), getattr(b, f.name)) for f in fields(TrajectoryBatch)
+               if f.name != "obs_count")
+
+
+@pytest.mark.parametrize("env_id", [COUNTER_TRUNCATE, "CartPole-v1"])
+def test_async_vector_env_gives_the_sync_rollout(env_id: str) -> None:
+    sync = make_runner(env_id, num_envs=3)
+    asynchronous = with_weights_of(sync, make_runner(env_id, num_envs=3, vectorization="async"))
+    try:
+        assert isinstance(sync.envs, SyncVectorEnv) and isinstance(asynchronous.envs, AsyncVectorEnv)
+        (a, ep_a), (b, ep_b) = sync.rollout(40), asynchronous.rollout(40)
+        assert same_batches(a, b) and ep_a == ep_b and ep_a.returns  # episodes ended (and were bootstrapped) alike
+    finally:
+        sync.close()
+        asynchronous.close()
+
+
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+def test_state_resumes_the_episodes_in_progress(vectorization: str) -> None:
+    whole = make_runner("CartPole-v1", vectorization=vectorization)
+    # other envs and another RNG until set_state; the weights would come from the learner's checkpoint
+    resumed = with_weights_of(whole, make_runner("CartPole-v1", vectorization=vectorization, seed=7))
+    try:
+        whole.rollout(13)  # mid-episode: CartPole's first episodes last longer than 13 steps
+        state = pickle.loads(pickle.dumps(whole.get_state()))  # as a checkpoint carries it
+        assert state["envs"] is not None and len(state["envs"]) == 2
+        resumed.set_state(state)
+        assert type(resumed.envs) is type(whole.envs)
+        (a, ep_a), (b, ep_b) = whole.rollout(30), resumed.rollout(30)
+        assert same_batches(a, b) and ep_a == ep_b and ep_a.lengths and min(ep_a.lengths) > 13
+    finally:
+        whole.close()
+        resumed.close()
+
+
+class UnpicklableEnv(CounterEnv):
+    """The counter holding a lock, which pickle refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+
+
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+def test_an_unpicklable_env_is_reported_and_keeps_stepping(vectorization: str, caplog: pytest.LogCaptureFixture) -> None:
+    if UNPICKLABLE not in gym.registry:
+        gym.register(UNPICKLABLE, entry_point=UnpicklableEnv, disable_env_checker=True)
+    runner = make_runner(UNPICKLABLE, vectorization=vectorization)
+    try:
+        runner.rollout(2)
+        assert runner.get_state()["envs"] is None
+        assert f"env.id={UNPICKLABLE}: its state cannot be pickled" in caplog.text and "lock" in caplog.text
+        batch, _ = runner.rollout(2)  # an async worker survived the failed snapshot
+        assert batch.obs_TNO[:, 0, 0].tolist() == [2.0, 0.0]
+    finally:
+        runner.close()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from toolbox.engines.base import ENGINES, SamplingConfig
-from toolbox.engines.hf import HFEngine, _response_mask
+from toolbox.engines.hf import HFEngine, _response_mask, left_pad
 from toolbox.models.loading import load_causal_lm
 from toolbox.models.logprobs import response_logprobs
 from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest, RolloutBatch
@@ -151,3 +151,78 @@ def test_update_weights_loads_new_policy(tiny_model_dir: Path, learner_model: to
     assert copied == sum(v.numel() * v.element_size() for v in state.values())
     got = eng.state_dict()
     assert all(torch.equal(got[k], v) for k, v in state.items())
+
+
+def generate_with(engine: HFEngine, decode: str, reqs: list[PromptRequest], sampling: SamplingConfig,
+                  seed: int) -> tuple[RolloutBatch, torch.Tensor]:
+    """``engine.generate`` through one decode path from a seeded global RNG; also the RNG state it leaves."""
+    engine.config = engine.config.model_copy(update={"decode": decode})
+    try:
+        torch.manual_seed(seed)
+        return engine.generate(reqs, sampling), torch.get_rng_state()
+    finally:
+        engine.config = engine.config.model_copy(update={"decode": "lean"})
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingConfig(max_new_tokens=6, temperature=1.0),
+    SamplingConfig(max_new_tokens=6, temperature=0.7, top_p=0.8),
+    SamplingConfig(max_new_tokens=6, temperature=0.0),
+    SamplingConfig(max_new_tokens=5, temperature=1.3, stop_at_eos=False),
+], ids=["t1", "t0.7-top_p", "greedy", "no-eos"])
+def test_lean_decode_samples_what_generate_samples(eos_engine: HFEngine, sampling: SamplingConfig) -> None:
+    """Same seed, same tokens, log-probs and finish reasons, and the same RNG state after (exact resume), with
+    rows stopping early (the EOS-biased model), so finished rows leave the lean batch mid-way."""
+    reqs = requests(eos_engine, 3)
+    lean, lean_rng = generate_with(eos_engine, "lean", reqs, sampling, seed=7)
+    ref, ref_rng = generate_with(eos_engine, "generate", reqs, sampling, seed=7)
+    assert torch.equal(lean.response_ids_BR, ref.response_ids_BR)
+    assert torch.equal(lean.response_mask_BR, ref.response_mask_BR) and torch.equal(lean.finish_B, ref.finish_B)
+    torch.testing.assert_close(lean.logprobs_BR, ref.logprobs_BR, atol=1e-5, rtol=0)
+    assert torch.equal(lean_rng, ref_rng), "the lean loop must consume the global RNG as generate does"
+    if sampling.stop_at_eos and sampling.temperature > 0:
+        assert set(lean.finish_B.tolist()) == {FINISH_STOP, FINISH_LENGTH}, "rows should finish at different steps"
+
+
+def test_lean_decode_needs_sdpa_or_eager_attention(tiny_model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from toolbox.engines.decode import check_lean_attention
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), attn_implementation="eager")
+    check_lean_attention(model)
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="rollout.engine.decode=lean needs attention implementation sdpa or eager, "
+                                         "the model uses 'flash_attention_2'"):
+        check_lean_attention(model)
+
+
+def test_lean_decode_with_eager_attention_matches_sdpa(engine: HFEngine, tiny_model_dir: Path) -> None:
+    """The eager kernel takes the lean loop's additive mask: same tokens as sdpa's boolean one."""
+    from transformers import AutoModelForCausalLM
+
+    eager = HFEngine(str(tiny_model_dir))
+    eager.model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), attn_implementation="eager").eval()
+    sampling = SamplingConfig(max_new_tokens=6)
+    reqs = requests(engine)
+    a, _ = generate_with(engine, "lean", reqs, sampling, seed=3)
+    b, _ = generate_with(eager, "lean", reqs, sampling, seed=3)
+    assert torch.equal(a.response_ids_BR, b.response_ids_BR)
+    torch.testing.assert_close(a.logprobs_BR, b.logprobs_BR, atol=1e-5, rtol=0)
+
+
+def test_dropping_finished_rows_changes_nothing(eos_engine: HFEngine) -> None:
+    """Finished rows leaving the batch (the default) or decoding padding: the same tokens and log-probs."""
+    from toolbox.engines.decode import decode
+
+    ids, mask = left_pad(requests(eos_engine, 3), eos_engine.tokenizer.pad_token_id)
+    outs = []
+    for drop in (True, False):
+        torch.manual_seed(5)
+        outs.append(decode(eos_engine.model, ids, mask, max_new_tokens=6, temperature=1.0, top_p=1.0,
+                           eos=eos_engine.tokenizer.eos_token_id, pad=eos_engine.tokenizer.pad_token_id,
+                           drop_finished=drop))
+    (tok_a, logp_a), (tok_b, logp_b) = outs
+    assert torch.equal(tok_a, tok_b)
+    torch.testing.assert_close(logp_a, logp_b, atol=1e-5, rtol=0)
+    assert (tok_a == eos_engine.tokenizer.eos_token_id).any(dim=1).sum() >= 2, "rows should stop early"

@@ -124,9 +124,9 @@ def test_lora_config_errors(tiny_model_dir: Path) -> None:
         LearnerConfig(lora={"rank": 4})
 
 
-def _fsdp_rank(rank: int, model_dir: str, port: int, out: str) -> None:
+def _fsdp_rank(rank: int, model_dir: str, init_method: str, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
     try:
         policy = _train(model_dir, "fsdp2", 2)
         batch = _rows(policy.model.config.vocab_size)

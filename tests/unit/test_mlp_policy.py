@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from toolbox.models.mlp import ActorCritic, PolicyConfig, SpaceSpec
@@ -74,3 +75,36 @@ def test_observation_normalisation_uses_the_buffers_and_flattens() -> None:
     assert {"obs_rms.mean", "obs_rms.var", "obs_rms.count", "ret_rms.var"} <= set(model.state_dict())
     plain = ActorCritic(SpaceSpec(4, "discrete", 2), PolicyConfig())
     assert torch.equal(plain.prepare_obs(np.ones((1, 4))), torch.ones(1, 4))
+
+
+def test_state_dependent_log_std_is_a_clamped_second_head() -> None:
+    torch.manual_seed(0)
+    model = ActorCritic(GAUSSIAN, PolicyConfig(log_std="state_dependent", init_log_std=-1.0, log_std_bounds=(-3.0, 0.5)))
+    assert not hasattr(model, "log_std") and model.actor[-1].out_features == 2 * GAUSSIAN.action_dim
+    obs = torch.randn(8, 3)
+    std = model.distribution(obs).stddev
+    assert torch.allclose(std, torch.full((8, 2), math.exp(-1.0)), atol=0.05)  # starts near exp(init_log_std) ...
+    assert not torch.equal(std[0], std[1])  # ... but depends on the state
+    mean, log_std = model.actor(obs).chunk(2, dim=-1)
+    actions = torch.randn(8, 2)
+    expected = torch.distributions.Normal(mean, log_std.exp()).log_prob(actions).sum(-1)
+    assert torch.allclose(model(obs, actions)[0], expected, atol=1e-5)
+    with torch.no_grad():
+        model.actor[-1].bias[2:] = 10.0  # far above the upper bound
+    assert torch.allclose(model.distribution(obs).stddev, torch.full((8, 2), math.exp(0.5)))
+    mode, _, _ = model.act(obs, deterministic=True)
+    assert torch.equal(mode, model.actor(obs)[:, :2])
+
+
+def test_log_std_bounds_must_be_ordered() -> None:
+    with pytest.raises(ValueError, match=r"log_std_bounds must be \(min, max\) with min < max; got \(1.0, -1.0\)"):
+        PolicyConfig(log_std_bounds=(1.0, -1.0))
+
+
+def test_orthogonal_init_is_a_choice() -> None:
+    torch.manual_seed(0)
+    ortho, default = (ActorCritic(GAUSSIAN, PolicyConfig(hidden_sizes=[8], orthogonal_init=o)) for o in (True, False))
+    w = ortho.actor[0].weight  # [8, 3]: orthogonal columns of norm sqrt(2)
+    assert torch.allclose(w.T @ w, 2 * torch.eye(3), atol=1e-5) and not ortho.actor[0].bias.any()
+    assert float(ortho.actor[-1].weight.detach().norm(dim=1).max()) == pytest.approx(0.01, rel=1e-3)  # near-uniform start
+    assert default.actor[0].bias.any() and float(default.actor[-1].weight.detach().norm(dim=1).max()) > 0.1

@@ -31,7 +31,8 @@ ENV = {"name": "tool_env", "formats": ["pythonic"], "observation_template": "={r
        "answer_pattern": r"(\d+)"}
 # What the scripted model says in each turn, by group: a tool user, a guesser, a caller that never stops, a caller
 # that gets the arguments wrong and then answers.
-SCRIPTS = {0: ["add(37,45)", "{last}"], 1: ["99"], 2: ["add(1,1)"] * 9, 3: ["add(37)", "82"]}
+SCRIPTS = {0: ["add(37,45)", "{last}"], 1: ["99"], 2: ["add(1,1)"] * 9, 3: ["add(37)", "82"],
+           4: ["add(37,45) and on", "{last};;"]}  # a model that goes on after its call and its answer
 
 
 class ScriptedEngine:
@@ -48,7 +49,8 @@ class ScriptedEngine:
         samples = []
         for r in requests:
             context = self.tokenizer.decode(r.ids, skip_special_tokens=True)
-            turn = r.ids.count(self.tokenizer.eos_token_id)  # each earlier model turn ended with EOS
+            # Each earlier model turn ended with EOS, or with a stop string before the env's "...>" reply.
+            turn = max(r.ids.count(self.tokenizer.eos_token_id), context.count(">") - 1)
             text = SCRIPTS[r.group][turn].replace("{last}", context.rsplit("=", 1)[-1].rstrip(">"))
             ids = [*self.tokenizer(text, add_special_tokens=False)["input_ids"], self.tokenizer.eos_token_id]
             ids = ids[: sampling.max_new_tokens]
@@ -131,6 +133,16 @@ def test_episodes_batched_per_turn_with_env_tokens_masked(char_tokenizer_dir: Pa
     assert batch.finish_B.tolist() == [FINISH_STOP, FINISH_STOP, FINISH_LENGTH, FINISH_STOP]  # 2 hit max_turns
 
 
+def test_stop_strings_end_a_turn_where_they_first_appear(char_tokenizer_dir: Path) -> None:
+    env = {**ENV, "answer_pattern": r"(\d+);?"}
+    batch, tok = episodes(char_tokenizer_dir, [4], env=env, stop=[")", ";"], max_turns=3)
+    # Each turn is cut after its first stop string: no EOS, and the tokens sampled after it are gone.
+    assert response_text(batch, tok, 0) == "add(37,45)=82>82;" and batch.extras[0]["env_turn_rewards"] == [0.3, 1.0]
+    expected = [-0.01 * (i + 1) for i in range(10)] + [0.0] * 4 + [-0.01, -0.02, -0.03]
+    torch.testing.assert_close(batch.logprobs_BR[0], torch.tensor(expected))
+    assert batch.loss_mask_BR[0].tolist() == [1] * 10 + [0] * 4 + [1] * 3
+
+
 def test_token_budget_ends_an_episode_by_length(char_tokenizer_dir: Path) -> None:
     batch, tok = episodes(char_tokenizer_dir, [0, 2], max_response_tokens=13, max_turns=3)
     # Row 0: its call (11 tokens) fits, the env's reply is cut after 2 tokens. Row 1: call (9) + reply (3) fit,
@@ -158,30 +170,46 @@ def test_env_score_reward_reads_the_episode_score(char_tokenizer_dir: Path) -> N
     batch, tok = episodes(char_tokenizer_dir, [0, 1], max_turns=2)
     result = score_samples(REWARDS.build({"name": "env_score"}), decode_samples(batch, tok), RewardRunConfig())
     assert result.values_B.tolist() == pytest.approx([1.3, 0.0]) and result.ok_B.all()
+    # The env's named parts, summed over the episode's turns, are the reward's components and step metrics.
+    assert batch.extras[0]["env_parts"] == parts(call=0.3, answer=1.0) and result.components[1] == parts()
+    metrics = result.metrics()
+    assert metrics["reward/call"] == pytest.approx(0.15) and metrics["reward/answer"] == pytest.approx(0.5)
     plain = decode_samples(batch, tok)[0].__class__("p", "r", {"answer": "1"})
     missing = score_samples(REWARDS.build({"name": "env_score"}), [plain], RewardRunConfig())
     assert missing.status_B.tolist() == [RewardStatus.ERROR] and "needs rollout.engine.name=multi_turn" in missing.reasons[0]
+
+
+def parts(**given: float) -> dict[str, float]:
+    return {"call": 0.0, "answer": 0.0, "call_format": 0.0, "answer_format": 0.0, "answer_chars": 0.0, **given}
 
 
 def test_tool_env_answer_and_format_shaping() -> None:
     env = ToolEnv(ToolEnvConfig(formats=["pythonic"], call_reward=0.3, answer_pattern=r"\s*(\d+)\s*",
                                 example_pattern=r"(add\(\d+,\d+\))", example_reward=0.4))
     env.reset("37+45? add(37,45)>", {"answer": "82"})
-    near = env.step("add(37,4")  # 8 of the example's 10 characters, in place; not a call
+    near = env.step("add(37,4")  # the first 8 of the example's 10 characters; not a call
     assert near.done and near.reward == pytest.approx(0.4 * 8 / 10)
     env.reset("37+45? add(37,45)>", {"answer": "82"})
+    assert env.step("add(37,45)x").reward == pytest.approx(0.4)  # the whole call, then junk
+    env.reset("37+45? add(37,45)>", {"answer": "82"})
+    assert env.step("a((((((((").reward == pytest.approx(0.4 / 10)  # only the prefix counts, not a later "("
+    env.reset("37+45? add(37,45)>", {"answer": "82"})
     assert env.step("add(37,45)") == EnvStep("<tool_response>82</tool_response>", 0.3, False,
-                                             {"tool_calls": 1, "tool_errors": 0})
+                                             {"tool_calls": 1, "tool_errors": 0, "parts": parts(call=0.3)})
     assert env.step("add(1,1)").reward == 0.0  # the call reward is paid once per episode
     final = env.step(" 82 ")
-    assert final.done and final.reward == 1.0 and final.info == {"correct": True}
-    for wrong, credit in (("8x", 0.25), ("72", 0.25), ("820", 0.5 * 2 / 3), ("28", 0.0)):
+    assert final.done and final.reward == 1.0 and final.info == {"correct": True, "parts": parts(answer=1.0)}
+    for wrong, credit in (("8x", 0.25), ("72", 0.0), ("820", 0.5), ("28", 0.0)):
         partial = ToolEnv(ToolEnvConfig(formats=["pythonic"], answer_char_reward=0.5))
         partial.reset("37+45?", {"answer": "82"})
-        assert partial.step(wrong).reward == pytest.approx(credit), wrong  # answer digits in place
+        assert partial.step("8x").reward == 0.0  # no answer credit before a call: copying, not guessing, pays
+        partial.reset("37+45?", {"answer": "82"})
+        partial.step("add(37,45)")
+        answer = partial.step(wrong)  # the answer's first digits, once the tool has shown the result
+        assert answer.reward == pytest.approx(credit) and answer.info["parts"] == parts(answer_chars=credit), wrong
     terse = ToolEnv(ToolEnvConfig(formats=["pythonic"], observation_template="={result}>", error_template="?"))
     terse.reset("1+2?", {"answer": "3"})
-    assert terse.step("add(1)") == EnvStep("=?>", 0.0, False, {"tool_calls": 1, "tool_errors": 1})
+    assert terse.step("add(1)") == EnvStep("=?>", 0.0, False, {"tool_calls": 1, "tool_errors": 1, "parts": parts()})
     assert terse.step("add(1,x)").observation == "=?>"  # a malformed call: the parse error, shown the same way
 
 

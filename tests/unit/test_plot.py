@@ -86,3 +86,13 @@ def test_the_curves_callback_draws_the_dashboard_at_the_end(tmp_path: Path) -> N
         bus.emit(Event.STEP_END, {"step": step, "metrics": {**LLM_STEP, "grad_norm": 1.0 / step}})
     bus.emit(Event.FIT_END, {"summary": {"experiment": "x"}})
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_metric_flag_adds_a_panel_per_metric(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = write_run(tmp_path, "tool", {**LLM_STEP, "reward/call": 0.05, "reward/answer": 0.02}, lr=1e-3)
+    drawn: list[tuple[str, ...]] = []
+    monkeypatch.setattr(plot, "dashboard", lambda runs, out, title="", extra=(): drawn.append(tuple(extra)) or out)
+    assert plot.main([str(run), "--metric", "reward/call", "--metric", "reward/answer"]) == 0
+    assert drawn == [("reward/call", "reward/answer")]
+    fig = plot.dashboard_figure([plot.read_run(run)], extra=drawn[0])
+    assert [ax.get_title() for ax in fig.axes if ax.get_visible()][4:6] == ["reward/call", "reward/answer"]

@@ -6,15 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gymnasium import spaces
 
-from tests.unit.fake_envs import DICT_OBS, register_fake_envs
+from tests.unit.fake_envs import TEXT_OBS, register_fake_envs
 from toolbox.algorithms.grpo.config import GRPOConfig
 from toolbox.algorithms.ppo_env.config import PPOEnvConfig
 from toolbox.config import load_config
 from toolbox.config.loader import dump_config
 from toolbox.core.errors import ConfigError
 from toolbox.envs.config import EnvConfig
-from toolbox.envs.make import check_env
+from toolbox.envs.make import check_env, spec_of
 from toolbox.experiment import trial_bundles
 from toolbox.models.mlp import SpaceSpec
 
@@ -37,7 +38,8 @@ def test_experiments_select_the_ppo_env_config_and_grpo_stays_the_default() -> N
 def test_any_gymnasium_id_and_kwargs() -> None:
     cfg = load_config(["experiment=ppo_cartpole", "env.id=Acrobot-v1", "env.kwargs.max_episode_steps=100"])
     assert cfg.env.kwargs == {"max_episode_steps": 100}
-    assert check_env(EnvConfig(id="MountainCarContinuous-v0")) == SpaceSpec(2, "continuous", 1, low=(-1.0,), high=(1.0,))
+    assert check_env(EnvConfig(id="MountainCarContinuous-v0")) == SpaceSpec(2, "continuous", 1, low=(-1.0,), high=(1.0,),
+                                                                           obs_shape=(2,))
 
 
 def test_unknown_env_id_fails_before_start() -> None:
@@ -47,10 +49,10 @@ def test_unknown_env_id_fails_before_start() -> None:
 
 def test_unsupported_spaces_name_the_env_and_the_space() -> None:
     register_fake_envs()
-    msg = config_error("experiment=ppo_cartpole", f"env.id={DICT_OBS}")
-    assert DICT_OBS in msg and "observation space Dict" in msg and "Box" in msg
-    msg = config_error("experiment=ppo_cartpole", "env.id=Blackjack-v1")  # Tuple observations
-    assert "Blackjack-v1" in msg and "Tuple" in msg
+    msg = config_error("experiment=ppo_cartpole", f"env.id={TEXT_OBS}")  # Dict and Tuple are flattened; Text is not
+    assert TEXT_OBS in msg and "observation space Text" in msg and "Box observation space, or one of Dict" in msg
+    with pytest.raises(ConfigError, match=r"env.id=my-env: action space MultiDiscrete\(\[2 3\]\) is not supported"):
+        spec_of(spaces.Box(-1, 1, (2,)), spaces.MultiDiscrete([2, 3]), "my-env")
 
 
 def test_fsdp2_and_a_target_without_evaluation_are_refused() -> None:

@@ -1,17 +1,20 @@
 """Exact resume, in-process (``ray.local_mode``): a run of N steps and a run resumed from its checkpoint at step k
 produce bit-identical metrics from step k+1 on, for every algorithm family.
 
-Each case is tiny (a few steps of the tiny model or CartPole). The same check on real Ray with the driver
-killed by SIGKILL is in ``tests/integration/test_resume.py``.
+Each case is tiny (a few steps of the tiny model or CartPole). The same check with the driver killed by SIGKILL
+right after its checkpoint (a subprocess per run; GRPO also on real Ray) is in ``tests/integration/test_resume.py``,
+which compares with the uninterrupted runs here (`uninterrupted`: run once per session).
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.run_files import numbers
 from toolbox.config import load_config
 from toolbox.experiment import ExperimentBuilder
 
@@ -26,12 +29,12 @@ CASES = {
     "sft": ["experiment=sft_tiny", "algorithm.batch_size=8"],
     "ppo_env": ["experiment=ppo_cartpole", "algorithm.steps_per_env=16", "algorithm.epochs=2",
                 "algorithm.target_return=null", "trainer.eval_every=1", "algorithm.eval_episodes=2"],
+    # Continuous actions with observation normalisation and reward scaling: the running statistics (model
+    # buffers) and the runners' per-env discounted returns must resume exactly too.
+    "ppo_env_normalised": ["experiment=ppo_pendulum", "algorithm.steps_per_env=16", "algorithm.epochs=2",
+                           "algorithm.minibatches=4", "algorithm.target_return=null", "algorithm.policy.normalize_obs=true",
+                           "algorithm.scale_rewards=true", "env.num_envs=2"],
 }
-TIMING = ("_s", "per_s", "_gb")  # wall-clock and memory readings differ between any two runs
-
-
-def numbers(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if not k.endswith(TIMING)}
 
 
 def fit(tmp_path: Path, name: str, *overrides: str) -> Any:
@@ -41,11 +44,23 @@ def fit(tmp_path: Path, name: str, *overrides: str) -> Any:
     return trainer
 
 
+@functools.cache
+def _uninterrupted(algorithm: str, root: Path) -> tuple[list[dict[str, float]], Path]:
+    return fit(root, algorithm, *CASES[algorithm]).history, root / algorithm
+
+
+def uninterrupted(algorithm: str, factory: pytest.TempPathFactory) -> tuple[list[dict[str, float]], Path]:
+    """The N-step run of ``CASES[algorithm]`` (its metrics and run directory), run once per session: the resume
+    below and the SIGKILL resume of ``tests/integration/test_resume.py`` both compare with it."""
+    return _uninterrupted(algorithm, factory.getbasetemp() / "uninterrupted")
+
+
 @pytest.mark.parametrize("algorithm", sorted(CASES))
-def test_resumed_run_repeats_the_uninterrupted_one_bit_for_bit(algorithm: str, tmp_path: Path) -> None:
-    whole = fit(tmp_path, "whole", *CASES[algorithm])
-    step_k = tmp_path / "whole" / "checkpoints" / f"step_{K}"
+def test_resumed_run_repeats_the_uninterrupted_one_bit_for_bit(algorithm: str, tmp_path: Path,
+                                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+    whole, whole_dir = uninterrupted(algorithm, tmp_path_factory)
+    step_k = whole_dir / "checkpoints" / f"step_{K}"
     resumed = fit(tmp_path, "resumed", *CASES[algorithm], f"trainer.resume_from={step_k}")
-    assert len(whole.history) == N and len(resumed.history) == N - K
-    for step, (want, got) in enumerate(zip(whole.history[K:], resumed.history), start=K + 1):
+    assert len(whole) == N and len(resumed.history) == N - K
+    for step, (want, got) in enumerate(zip(whole[K:], resumed.history), start=K + 1):
         assert numbers(got) == numbers(want), f"{algorithm}: step {step} differs after resuming from step {K}"

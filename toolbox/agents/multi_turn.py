@@ -4,14 +4,17 @@ Each request starts an episode (a fresh env from the ``text_env`` registry, rese
 and the row's extras). Every turn, all episodes still running are generated in **one** call of the
 wrapped engine (``sampling.max_new_tokens`` is the budget of one turn); each model message goes to
 its env's ``step`` (envs step concurrently in threads), and the env's reply is tokenized and
-appended. An episode ends when its env says done, after ``max_turns`` model turns, or when its
-response reaches ``max_response_tokens`` (model and env tokens together).
+appended. A turn ends at EOS, at the turn budget, or where its text first contains one of the ``stop``
+strings (the tokens sampled after it are dropped). An episode ends when its env says done, after
+``max_turns`` model turns, or when its response reaches ``max_response_tokens`` (model and env tokens
+together).
 
 The engine returns ONE `RolloutBatch` row per episode: the response is the model's turns and the
 env's replies in order, ``own_mask_BR`` (and so ``loss_mask_BR``) is 1 on the model's own tokens and 0 on the env's,
 ``logprobs_BR`` holds the behaviour log-probs of the model's tokens (0 on env tokens), and
 ``extras`` gains ``env_score`` (the per-turn rewards reduced by ``reward_reduction``),
-``env_turn_rewards``, ``env_turns``, ``env_info`` and, when the env raised, ``env_error``: the
+``env_turn_rewards``, ``env_turns``, ``env_info``, ``env_parts`` (when the env names the parts of its rewards in
+``info["parts"]``: each part reduced like the rewards) and, when the env raised, ``env_error``: the
 ``env_score`` reward turns that into a per-sample error. Finish reason: STOP when the env ended the
 episode, LENGTH when a turn or token limit did.
 
@@ -34,6 +37,7 @@ from toolbox.agents.env import TEXT_ENVS, EnvStep, TextEnv
 from toolbox.core.registry import Spec, SpecOf
 from toolbox.engines.base import ENGINES, InferenceEngine, SamplingConfig
 from toolbox.engines.common import Sample, batch_from_samples
+from toolbox.learner.lora import LoraConfig, check_adapter_sync
 from toolbox.models.loading import load_tokenizer
 from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest, RolloutBatch
 from toolbox.rl.weights import WeightBucket
@@ -53,11 +57,18 @@ class MultiTurnConfig(BaseModel):
         default_factory=ENV.make_default, description="The text environment of each episode: `name` selects it "
         "(default tool_env), the rest are its options.")
     max_turns: int = Field(4, ge=1, description="Most model turns per episode.")
+    stop: list[str] = Field([], description="Stop strings: a model turn ends where its text first contains one "
+                            "(kept in the turn, as inference servers' stop sequences do), e.g. `</tool_call>`; "
+                            "the tokens sampled after it are dropped. Empty: turns end at EOS or the turn budget.")
     max_response_tokens: int = Field(256, ge=1, description="Token budget of an episode's response (the model's "
                                      "turns and the environment's replies together).")
     reward_reduction: Literal["sum", "last"] = Field("sum", description="How the env's per-turn rewards become "
                                                      "the episode's `env_score`: their sum, or the last one.")
     env_threads: int = Field(8, ge=1, description="Environments stepped concurrently (tool calls run in them).")
+
+    def check_adapters(self, lora: LoraConfig) -> None:
+        """Takes LoRA adapters when the engine it wraps does (weight updates go to that engine)."""
+        check_adapter_sync(lora, self.engine, "rollout.engine.engine")
 
     @field_validator("engine")
     @classmethod
@@ -130,8 +141,9 @@ class MultiTurnEngine:
             stepping = []
             for i, e in enumerate(active):
                 keep = batch.response_mask_BR[i].bool()
-                e.last_turn, e.turns = batch.response_ids_BR[i][keep].tolist(), turn
-                if e.append(e.last_turn, batch.logprobs_BR[i][keep].tolist(), True, self.config.max_response_tokens):
+                e.last_turn, e.turns = self._until_stop(batch.response_ids_BR[i][keep].tolist()), turn
+                logprobs = batch.logprobs_BR[i][keep].tolist()[: len(e.last_turn)]
+                if e.append(e.last_turn, logprobs, True, self.config.max_response_tokens):
                     stepping.append(e)
             actions = [self.tokenizer.decode(e.last_turn, skip_special_tokens=True) for e in stepping]
             for e, step in zip(stepping, self.pool.map(_safe_step, [e.env for e in stepping], actions)):
@@ -139,6 +151,19 @@ class MultiTurnEngine:
         pad = int(self.tokenizer.pad_token_id)
         rows = [PromptRequest(e.prompt, e.request.group, self._extras(e)) for e in episodes]
         return batch_from_samples(rows, [Sample(e.ids, e.logprobs, e.finish, e.mask) for e in episodes], pad)
+
+    def _until_stop(self, ids: list[int]) -> list[int]:
+        """The turn's tokens up to the one that completes its first stop string (all of them without one).
+
+        Dropping the later tokens is exact: they were sampled after the kept ones and never influenced them.
+        """
+        stops = self.config.stop
+        if not stops or not any(s in self.tokenizer.decode(ids, skip_special_tokens=True) for s in stops):
+            return ids
+        for end in range(1, len(ids) + 1):
+            if any(s in self.tokenizer.decode(ids[:end], skip_special_tokens=True) for s in stops):
+                return ids[:end]
+        return ids
 
     def _start(self, request: PromptRequest) -> _Episode:
         episode = _Episode(request, None, list(request.ids))
@@ -178,9 +203,16 @@ class MultiTurnEngine:
         return ids
 
     def _extras(self, e: _Episode) -> dict[str, Any]:
-        reduce = sum if self.config.reward_reduction == "sum" else (lambda r: r[-1] if r else 0.0)
+        last = self.config.reward_reduction == "last"
+        reduce = (lambda r: r[-1] if r else 0.0) if last else sum
         out = {**e.request.extras, "env_score": float(reduce(e.rewards)), "env_turn_rewards": e.rewards,
                "env_turns": e.turns, "env_info": e.infos}
+        parts: dict[str, float] = {}
+        for info in e.infos[-1:] if last else e.infos:  # the named parts of the reward, reduced like it
+            for name, value in (info.get("parts") or {}).items():
+                parts[name] = parts.get(name, 0.0) + float(value)
+        if parts:
+            out["env_parts"] = parts
         return {**out, "env_error": e.error} if e.error else out
 
     def update_weights(self, buckets: list[WeightBucket]) -> int:

@@ -3,18 +3,25 @@
 Each model turn is either tool calls (in one of the configured formats) or a final answer. Calls
 run through a `ToolRunner` (timeout, errors as text) and their results come back as the next
 observation; the first turn whose calls all succeed earns ``call_reward``. A message with no call is the
-final answer: ``answer_reward`` if it matches the row's reference ``answer`` (else, optionally,
-``answer_char_reward`` times the fraction of the answer's characters in place), and the episode ends.
-A malformed call attempt is answered with the parse error, so the model can try again.
+final answer: ``answer_reward`` if it matches the row's reference ``answer`` (else, optionally, once a call
+has succeeded, ``answer_format_reward`` if it has the answer's form (``answer_pattern``) and
+``answer_char_reward`` times the fraction of the answer the message starts with: credit for reading the
+tool's result, never for guessing), and the episode ends. A malformed call attempt is answered
+with the parse error, so the model can try again.
+
+Each step's ``info["parts"]`` splits its reward into ``call``, ``answer`` (the correct answer) and the
+shaping terms ``call_format``, ``answer_format`` and ``answer_chars``: the ``multi_turn`` engine sums
+them per episode and the ``env_score`` reward reports them as reward components.
 
 Optional format shaping for models that start from scratch: when the prompt shows an example call
 (``example_pattern`` extracts it), a first turn that does not make a successful call earns
-``example_reward`` times the fraction of the example's characters it reproduces, position by
-position. It is shaping, not the task: it says nothing about the answer.
+``example_reward`` times the fraction of the example it starts with (`prefix_match`). It is shaping,
+not the task: it says nothing about the answer.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Annotated, Any
 
@@ -48,9 +55,12 @@ class ToolEnvConfig(BaseModel):
     call_reward: float = Field(0.0, description="Reward of the first turn whose tool calls all ran without error "
                                "(once per episode, so repeating a call earns nothing).")
     answer_reward: float = Field(1.0, description="Reward of a final answer equal to the row's reference answer.")
-    answer_char_reward: float = Field(0.0, ge=0, description="Answer shaping: a final answer that is not right "
-                                      "earns this times the fraction of the reference answer's characters it has "
-                                      "in place.")
+    answer_char_reward: float = Field(0.0, ge=0, description="Answer shaping: a final answer that is not right, "
+                                      "given after a successful call, earns this times the fraction of the "
+                                      "reference answer it starts with.")
+    answer_format_reward: float = Field(0.0, ge=0, description="Answer shaping: a final answer that is not right, "
+                                        "given after a successful call, earns this if it fully matches "
+                                        "`answer_pattern` (a number where a number is asked for).")
     answer_pattern: str = Field(r"(?s)\s*(.*?)\s*", description="Regular expression the final message must fully "
                                 "match; its group 1 is the answer compared with the reference.")
     variables_pattern: str = Field("", description="Regular expression found in the prompt as often as it "
@@ -62,8 +72,7 @@ class ToolEnvConfig(BaseModel):
     example_pattern: str = Field("", description="Regular expression whose group 1 extracts an example call from "
                                  "the prompt (empty: no format shaping).")
     example_reward: float = Field(0.0, ge=0, description="Format shaping: a first turn without a successful call "
-                                  "earns this times the fraction of the example call's characters it matches, "
-                                  "position by position.")
+                                  "earns this times the fraction of the example call it starts with.")
 
     @field_validator("answer_pattern", "example_pattern", "variables_pattern")
     @classmethod
@@ -97,19 +106,23 @@ class ToolEnv:
         self.turn += 1
         parsed = parse_tool_calls(action, self.config.formats, self.variables)
         if parsed.error:
-            return EnvStep(self._show(self._error(f"could not parse the tool call: {parsed.error}")),
-                           self._shaping(action), False, {"tool_calls": 0, "tool_errors": 1})
+            return _step(self._show(self._error(f"could not parse the tool call: {parsed.error}")), False,
+                         {"call_format": self._shaping(action)}, tool_calls=0, tool_errors=1)
         if parsed.calls:
             results = [self.runner.run(self._inject(call)) for call in parsed.calls]
             ok = all(r.ok for r in results)
-            reward = self._call_reward() if ok else self._shaping(action)
-            return EnvStep("".join(self._show(r.text if r.ok else self._error(r.text)) for r in results), reward, False,
-                           {"tool_calls": len(results), "tool_errors": sum(not r.ok for r in results)})
+            parts = {"call": self._call_reward()} if ok else {"call_format": self._shaping(action)}
+            return _step("".join(self._show(r.text if r.ok else self._error(r.text)) for r in results), False, parts,
+                         tool_calls=len(results), tool_errors=sum(not r.ok for r in results))
         match = re.fullmatch(self.config.answer_pattern, action)
         correct = match is not None and match.group(1) == self.answer
-        partial = self.config.answer_char_reward * in_place(action.strip(), self.answer)
-        reward = (self.config.answer_reward if correct else partial) + self._shaping(action)
-        return EnvStep("", reward, True, {"correct": correct})
+        shaped = self.called and not correct  # answer shaping pays for reading the tool's result, not guessing
+        c = self.config
+        return _step("", True, {"answer": c.answer_reward if correct else 0.0,
+                                "answer_format": c.answer_format_reward if shaped and match else 0.0,
+                                "answer_chars": c.answer_char_reward * prefix_match(action.strip(), self.answer)
+                                if shaped else 0.0,
+                                "call_format": self._shaping(action)}, correct=correct)
 
     def _inject(self, call: ToolCall) -> ToolCall:
         """``call`` with the ``injected`` variables added as named arguments (a call without arguments gets them all)."""
@@ -133,11 +146,24 @@ class ToolEnv:
         """Format credit for a first turn that made no successful call (0 without an example in the prompt)."""
         if self.turn != 1 or not self.example or not self.config.example_reward:
             return 0.0
-        return self.config.example_reward * in_place(action, self.example)
+        return self.config.example_reward * prefix_match(action, self.example)
 
 
-def in_place(text: str, target: str) -> float:
-    """The fraction of ``target``'s characters ``text`` has at the same positions (over the longer length)."""
+PARTS = ("call", "answer", "call_format", "answer_format", "answer_chars")
+
+
+def _step(observation: str, done: bool, parts: dict[str, float], **info: Any) -> EnvStep:
+    """An `EnvStep` whose reward is the sum of its ``parts``, kept in ``info["parts"]`` with every name of `PARTS`."""
+    return EnvStep(observation, sum(parts.values()), done, {**info, "parts": {**dict.fromkeys(PARTS, 0.0), **parts}})
+
+
+def prefix_match(text: str, target: str) -> float:
+    """The fraction of ``target`` that ``text`` starts with (its longest common prefix over ``target``'s length).
+
+    Credit grows one right character at a time, in order, and nothing after the first wrong one counts: a char
+    model that repeats a character into a later position of the target earns nothing for it (per-position credit
+    made `su((((` a resting point on the way to `sum()`).
+    """
     if not target:
         return 0.0
-    return sum(a == b for a, b in zip(text, target)) / max(len(target), len(text))
+    return len(os.path.commonprefix([text, target])) / len(target)

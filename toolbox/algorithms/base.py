@@ -61,16 +61,18 @@ def policy_roles(builder: ExperimentBuilder, learner_cls: type, algo: AlgorithmC
     c, path = builder.cfg, builder.model_path
     engine = partial(build_engine, ENGINES, c.rollout.engine, path, c.model.dtype, c.trainer.seed)
     rollout = RolloutGroup(builder.group(
-        "rollout", RolloutWorker, c.rollout.num_workers, lambda r: dict(rank=r, build=engine),
-        c.rollout.timeout_s, c.rollout.cpus_per_worker, c.rollout.gpus_per_worker,
+        "rollout", RolloutWorker, c.rollout.num_workers,
+        lambda r: dict(rank=r, build=engine, torch_threads=c.rollout.torch_threads),
+        c.rollout.timeout_s, c.rollout.cpus_per_worker, c.rollout.gpus_per_worker, wait=False,
     ))
     reward = RewardGroup(builder.group(
         "reward", RewardWorker, c.reward.num_workers,
         lambda r: dict(rank=r, spec=c.reward.spec, run=c.reward.run, model_path=path),
-        c.reward.timeout_s, c.reward.cpus_per_worker, 0.0,
+        c.reward.timeout_s, c.reward.cpus_per_worker, 0.0, wait=False,
     ))
     learner = PolicyLearnerGroup(builder.learner_group(
         partial(learner_cls, path, c.model.dtype, c.learner, algo, c.trainer.total_steps)))
+    builder.started()  # rollout and reward actors loaded while the learner ranks did
     return PolicyRoles(rollout, reward, learner, PromptSource(TASKS.build(c.task, inject={"data": c.data}), load_tokenizer(path),
                                                            c.trainer.seed))
 
@@ -85,7 +87,7 @@ def policy_wiring(builder: ExperimentBuilder, bus: EventBus, learner_cls: type, 
     log_placement(builder)
     return OnlineTrainer(builder.trainer_config(), bus, algo, c.rollout.sampling, roles.prompts, roles.rollout,
                          roles.reward, roles.learner, builder.run_dir, c.experiment, dynamic=dynamic,
-                         colocate=c.rollout.placement == "colocate")
+                         colocate=c.rollout.placement == "colocate", max_staleness=c.rollout.max_staleness)
 
 
 def log_placement(builder: ExperimentBuilder) -> None:

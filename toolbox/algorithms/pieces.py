@@ -1,5 +1,5 @@
 """Small config pieces that algorithm configs compose: group sampling, policy epochs, clipping, KL, dynamic
-sampling, overlong handling.
+sampling, overlong handling, off-policy correction.
 
 An algorithm's config class lists the pieces it uses (``class PPOConfig(AlgorithmConfig, GroupSampling,
 PolicyEpochs, Clip, KL)``), never a sibling algorithm's config: with ``extra="forbid"``,
@@ -69,6 +69,25 @@ class Overlong(Piece):
     overlong_filter: bool = Field(False, description="DAPO: leave responses cut at max_new_tokens out of the loss.")
     overlong_buffer: int = Field(0, ge=0, description="DAPO soft overlong punishment: the last N tokens before the limit.")
     overlong_penalty: float = Field(1.0, ge=0, description="Reward subtracted (linearly over the buffer) at the length limit.")
+
+
+DEFAULT_TIS_CAP = 2.0  # the cap of the TIS fix's own experiments (Yao et al., 2025)
+
+
+class OffPolicy(Piece):
+    """Truncated importance sampling of tokens sampled by another policy than the learner's (a batch generated ahead,
+    ``rollout.max_staleness > 0``)."""
+
+    tis_cap: float | None = Field(None, ge=0, description="Truncated importance sampling: each token's policy loss is "
+                                  "weighted by min(pi_old / pi_behaviour, tis_cap), pi_behaviour being the engine's "
+                                  "log-prob when it sampled the token. Unset: 2.0 when rollout.max_staleness > 0, off "
+                                  "when it is 0; 0: off.")
+
+
+def check_off_policy(exp: ExperimentConfig, a: OffPolicy) -> None:
+    """Resolve an unset ``tis_cap`` from ``rollout.max_staleness``, so the written config.yaml states the cap used."""
+    if a.tis_cap is None:
+        a.tis_cap = DEFAULT_TIS_CAP if exp.rollout.max_staleness else 0.0
 
 
 def check_rollout_batch(exp: ExperimentConfig, a: GroupSampling, mini_batches: int = 1) -> None:

@@ -1,4 +1,4 @@
-"""Throughput of the default GRPO experiment's step: completions/s and where the time goes.
+"""Throughput of a GRPO step: completions/s and where the time goes; ``--vs trl`` compares with TRL.
 
 ``python -m toolbox.bench grpo [--steps 30] [--warmup 3] [overrides ...]``
 
@@ -6,14 +6,21 @@ Runs the default experiment (``grpo_tiny``, real Ray, 2 FSDP2 learner ranks) and
 reports, over the steps after warm-up, completions per second and the share of
 step time spent generating, scoring, training and syncing weights. Each phase is timed by
 the worker doing it (the longest shard); calls chain by ref, so scoring of one shard may
-overlap generation of another and the shares need not add up to 100%.
+overlap generation of another and the shares need not add up to 100%. Start-up (Ray, each
+role's actors ready, the first weight sync) is reported too.
+
+``python -m toolbox.bench grpo --vs trl [--model small|medium|both] [--rounds 2] [--steps 8] [overrides ...]``
+
+GRPO on random Qwen2 models with a locally trained byte-level BPE tokenizer, TRL's ``GRPOTrainer``
+against toolbox's ``grpo`` with its best settings for a 2-core machine (overrides go on top of them),
+each in a fresh process, alternating; how it is kept fair: `toolbox.bench._grpo_vs_trl`. Needs the
+``bench`` extra (``pip install -e '.[bench]'``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 
 
 def phase_table(history: list[dict[str, float]], rows_per_step: int) -> dict[str, float]:
@@ -28,44 +35,58 @@ def phase_table(history: list[dict[str, float]], rows_per_step: int) -> dict[str
     return out
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m toolbox.bench grpo", description=__doc__)
-    parser.add_argument("--steps", type=int, default=30, help="Timed steps.")
-    parser.add_argument("--warmup", type=int, default=3, help="Untimed steps first.")
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m toolbox.bench grpo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vs", choices=["trl"], default=None, help="Compare with this framework.")
+    parser.add_argument("--model", choices=["small", "medium", "both"], default="both",
+                        help="--vs trl: benchmark model(s).")
+    parser.add_argument("--rounds", type=int, default=2, help="--vs trl: rounds of both sides, alternating.")
+    parser.add_argument("--steps", type=int, default=None, help="Timed steps (default 30; --vs trl: 8).")
+    parser.add_argument("--warmup", type=int, default=None, help="Untimed steps first (default 3; --vs trl: 2).")
+    parser.add_argument("--new-tokens", type=int, default=64, help="--vs trl: tokens per completion.")
+    parser.add_argument("--trl-threads", type=int, default=2, help="--vs trl: torch threads of TRL's process.")
+    parser.add_argument("--logs", default="", help="--vs trl: keep each side's log and result files here.")
     parser.add_argument("--out", default="", help="Also write the results as JSON here.")
     parser.add_argument("overrides", nargs="*", help="Config overrides, as for toolbox.run.")
     args = parser.parse_args(argv)
-    import ray
+    vs = args.vs is not None
+    args.steps = args.steps if args.steps is not None else (8 if vs else 30)
+    args.warmup = args.warmup if args.warmup is not None else (2 if vs else 3)
+    if args.steps < 1 or args.warmup < (1 if vs else 0) or args.rounds < 1:
+        parser.error("--steps and --rounds must be at least 1, --warmup at least 1 with --vs (TRL's first step "
+                     "has no start time)")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    if args.vs == "trl":
+        from toolbox.bench._grpo_vs_trl import compare
+
+        result = compare(args)
+    else:
+        result = default_experiment(args)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+def default_experiment(args: argparse.Namespace) -> dict[str, float]:
+    """The step table of the default experiment (with ``args.overrides``), and its start-up split."""
     from rich.console import Console
     from rich.table import Table
 
-    from toolbox.algorithms.grpo.config import GRPOConfig
-    from toolbox.config import load_config
-    from toolbox.experiment import ExperimentBuilder, connect_ray
+    from toolbox.bench._grpo_run import run_experiment
 
-    run_root = tempfile.mkdtemp(prefix="bench-grpo-")
-    cfg = load_config([f"trainer.total_steps={args.steps + args.warmup}", "trainer.eval_every=0", "callbacks=[]",
-                       f"trainer.run_root={run_root}", *args.overrides])
-    if not isinstance(cfg.algorithm, GRPOConfig):
-        raise SystemExit(f"bench grpo needs a grpo experiment, got algorithm.name={cfg.algorithm.name!r}")
-    rows_per_step = cfg.algorithm.rollouts_per_step
-    builder = ExperimentBuilder(cfg)
-    connect_ray(cfg, log_to_driver=False)
-    try:
-        trainer = builder.build_trainer()
-        trainer.fit()
-        result = phase_table(trainer.history[args.warmup :], rows_per_step)
-    finally:
-        builder.shutdown()
-        ray.shutdown()
-    table = Table(title=f"GRPO step ({cfg.experiment}: {rows_per_step} completions/step, "
-                        f"{cfg.rollout.num_workers} rollout, {cfg.learner.num_workers} learner ranks)")
+    run = run_experiment(list(args.overrides), args.steps, args.warmup)
+    result = {**phase_table(run.history[args.warmup :], run.rows_per_step), "peak_pss_mib": run.peak_pss_mib,
+              **{f"startup_{k}": v for k, v in run.startup.items()}}
+    table = Table(title=f"GRPO step ({run.rows_per_step} completions/step; {run.settings})")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in result.items():
         table.add_row(key, f"{value:.1%}" if key.endswith("share") else f"{value:.3g}")
     Console().print(table)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-    return 0
+    return result

@@ -22,6 +22,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from toolbox.bench._rllib import init_ray, rllib_available, train_rllib
+
 
 @dataclass
 class Run:
@@ -61,14 +63,6 @@ def run_toolbox(seed: int, target: float, max_steps: int, overrides: list[str]) 
                float(summary["train_wall_time_s"]), t1 - t0)
 
 
-def rllib_available() -> bool:
-    try:
-        import ray.rllib  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def run_rllib(seed: int, target: float, max_steps: int) -> Run:
     """RLlib's PPO with its tuned CartPole settings, stopped at ``env_runners/episode_return_mean >= target``."""
     from ray.rllib.algorithms.ppo import PPOConfig
@@ -80,20 +74,8 @@ def run_rllib(seed: int, target: float, max_steps: int) -> Run:
         .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[32], fcnet_activation="linear", vf_share_layers=True))
         .debugging(seed=seed)
     )
-    t0 = time.perf_counter()
-    algo = config.build_algo()
-    t1 = time.perf_counter()
-    steps, reached = 0, False
-    try:
-        while steps < max_steps and not reached:
-            result = algo.train()
-            runners = result.get("env_runners", {})
-            steps = int(runners.get("num_env_steps_sampled_lifetime") or result.get("num_env_steps_sampled_lifetime") or 0)
-            reached = float(runners.get("episode_return_mean") or 0.0) >= target  # numpy scalars are not JSON
-        t2 = time.perf_counter()
-    finally:
-        algo.stop()
-    return Run("rllib", seed, reached, steps, t2 - t1, t1 - t0)
+    run = train_rllib(config, max_steps, target)
+    return Run("rllib", seed, run.reached, run.env_steps, run.train_s, run.startup_s)
 
 
 def medians(runs: list[Run]) -> dict[str, float]:
@@ -143,13 +125,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default="", help="Also write the results as JSON here.")
     parser.add_argument("overrides", nargs="*", help="Config overrides for our side, as for toolbox.run.")
     args = parser.parse_args(argv)
-    import os
-
     import ray
 
     seeds = [int(s) for s in args.seeds.split(",")]
-    # Logical CPUs: RLlib's default 2 env runners + its learner must fit; real cores are what they are.
-    ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False)
+    init_ray()  # RLlib's default 2 env runners + its learner must fit
     note = "RLlib skipped (--no-rllib)" if args.no_rllib else ""
     if not note and not rllib_available():
         note = "ray.rllib is not importable: RLlib not run (pip install -e '.[bench]')"

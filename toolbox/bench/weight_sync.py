@@ -5,7 +5,11 @@
 A sender actor packs its parameters into buckets and puts them in the object store
 (exactly the learner's ``export_weights`` path); a receiver actor loads them with
 ``load_into`` (the rollout engine's path). The clock runs from the export call to
-the receiver's return, seen from the driver. The memcpy baseline copies the same
+the receiver's return, seen from the driver, two ways, alternating within each round:
+``chained`` as the online loop does it (the export's ref goes straight into the
+receiver's one call, the driver waits once) and ``driver`` (the driver fetches the
+bucket refs, then calls the receiver: one more round trip). ``ping`` is an empty actor
+call's round trip, the fixed latency of one call. The memcpy baseline copies the same
 bytes between two warm numpy buffers in one process, single-threaded, in the same
 run. The object store is pre-faulted so both sides compare copies, not page faults.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from typing import Any
 
@@ -62,14 +67,19 @@ class Receiver:
         torch.set_num_threads(1)
         self.module = make_module(total_mb, seed=2)
 
-    def load(self, refs: list[Any]) -> tuple[int, float]:
+    def load(self, exported: list[Any] | tuple[list[Any], float, float]) -> tuple[int, float]:
+        """Load the bucket refs (``exported``: `Sender.export`'s refs, or its whole result when chained)."""
         import ray
 
         from toolbox.rl.weights import load_into
 
+        refs = exported[0] if isinstance(exported, tuple) else exported
         t0 = time.perf_counter()
         loaded = load_into(self.module, ray.get(refs))
         return loaded, time.perf_counter() - t0
+
+    def ping(self) -> None:
+        return None
 
     def checksum(self) -> float:
         return float(sum(p.double().sum() for p in self.module.parameters()))
@@ -93,15 +103,24 @@ def measure(size_mb: int, repeats: int, bucket_mb: int) -> dict[str, float]:
     sender = ray.remote(Sender).options(num_cpus=0.5).remote(size_mb, bucket_mb)
     receiver = ray.remote(Receiver).options(num_cpus=0.5).remote(size_mb)
     ray.get([sender.checksum.remote(), receiver.checksum.remote()])
-    best: dict[str, float] = {"sync_s": float("inf")}
+    best: dict[str, float] = {"sync_s": float("inf"), "driver_sync_s": float("inf"), "ping_s": float("inf")}
     for _ in range(repeats + 1):  # the first round warms the object store's arena
         t0 = time.perf_counter()
-        refs, pack_s, put_s = ray.get(sender.export.remote())
-        _, load_s = ray.get(receiver.load.remote(refs))
+        exported = sender.export.remote()
+        _, load_s = ray.get(receiver.load.remote(exported))
         sync_s = time.perf_counter() - t0
         if sync_s < best["sync_s"]:
-            best = {"sync_s": sync_s, "pack_s": pack_s, "put_s": put_s, "load_s": load_s}
+            _, pack_s, put_s = ray.get(exported)
+            best.update(sync_s=sync_s, pack_s=pack_s, put_s=put_s, load_s=load_s)
+        del exported
+        t0 = time.perf_counter()
+        refs, _, _ = ray.get(sender.export.remote())
+        ray.get(receiver.load.remote(refs))
+        best["driver_sync_s"] = min(best["driver_sync_s"], time.perf_counter() - t0)
         del refs
+        t0 = time.perf_counter()
+        ray.get(receiver.ping.remote())
+        best["ping_s"] = min(best["ping_s"], time.perf_counter() - t0)
     if ray.get(sender.checksum.remote()) != ray.get(receiver.checksum.remote()):
         raise AssertionError("receiver weights differ from sender after sync")
     nbytes = max(1, size_mb // TENSOR_MB) * TENSOR_MB << 20
@@ -131,11 +150,14 @@ def main(argv: list[str]) -> int:
     finally:
         ray.shutdown()
     table = Table(title="learner -> rollout weight sync (CPU, Ray object store)")
-    for col in ("size MB", "sync s", "pack s", "put s", "load s", "sync GB/s", "memcpy GB/s", "sync / memcpy"):
+    for col in ("size MB", "sync s", "pack s", "put s", "load s", "driver sync s", "ping s", "sync GB/s",
+                "memcpy GB/s", "sync / memcpy"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["size_mb"]), f"{r['sync_s']:.3f}", f"{r['pack_s']:.3f}", f"{r['put_s']:.3f}",
-                      f"{r['load_s']:.4f}", f"{r['sync_gbps']:.2f}", f"{r['memcpy_gbps']:.2f}", f"{r['ratio']:.2f}x")
+        table.add_row(str(r["size_mb"]), f"{r['sync_s']:.4f}", f"{r['pack_s']:.4f}", f"{r['put_s']:.4f}",
+                      f"{r['load_s']:.4f}", f"{r['driver_sync_s']:.4f}", f"{r['ping_s']:.4f}", f"{r['sync_gbps']:.2f}",
+                      f"{r['memcpy_gbps']:.2f}", f"{r['ratio']:.2f}x")
+    Console().print(f"load average {os.getloadavg()[0]:.1f} (the sync and the memcpy share the cores with it)")
     Console().print(table)
     if args.out:
         with open(args.out, "w") as f:

@@ -26,6 +26,7 @@ from toolbox.engines.common import check_engine_gpus
 from toolbox.engines.placement import Placement, check_colocation
 from toolbox.envs.config import EnvConfig
 from toolbox.learner.config import LearnerConfig
+from toolbox.learner.lora import check_adapter_sync
 from toolbox.models.loading import ModelConfig
 from toolbox.rewards.base import REWARDS
 from toolbox.rewards.runner import RewardRunConfig
@@ -61,6 +62,8 @@ class RolloutConfig(BaseModel):
         "the rest are its options.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling for training rollouts.")
     cpus_per_worker: float = Field(0.25, gt=0, description="Ray CPUs reserved per rollout worker.")
+    torch_threads: int = Field(1, ge=1, description="torch intra-op threads per rollout worker (real CPU use; "
+                               "cpus_per_worker is Ray's logical reservation).")
     gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs reserved per rollout worker.")
     timeout_s: float = Field(300.0, gt=0, description="Longest a rollout call may take before the run fails.")
     max_restarts: int = Field(3, ge=0, description="Times Ray restarts a rollout worker whose process died, per worker; "
@@ -71,6 +74,11 @@ class RolloutConfig(BaseModel):
                                  "node; the same GPU when both GPU shares add up to at most 1), needs num_workers equal "
                                  "to learner.num_workers, and the engines sleep while the learner trains "
                                  "(docs/gpus.md).")
+    max_staleness: int = Field(0, ge=0, description="Policy versions a training batch may lag the learner by. 0: "
+                               "synchronous (each step samples with the learner's current weights). k > 0: the "
+                               "rollout workers sample the next k steps' prompts while the learner trains (one-step "
+                               "off-policy for k=1); the loss corrects with algorithm.tis_cap. The staleness metric "
+                               "reports each step's lag (docs/architecture.md, Overlap).")
 
 
 class RewardConfig(BaseModel):
@@ -183,7 +191,12 @@ class ExperimentConfig(BaseModel):
             check_training = getattr(self.rollout.engine, "check_training", None)  # engines that may not take weights
             if check_training is not None:
                 check_training()
+            check_adapter_sync(self.learner.lora, self.rollout.engine)
         check_colocation(self)
+        if self.rollout.max_staleness and self.rollout.placement == "colocate":
+            raise ConfigError(f"rollout.max_staleness={self.rollout.max_staleness} samples while the learner trains; "
+                              "rollout.placement: colocate makes engines and learner ranks take turns on one device "
+                              "(use placement: split, or max_staleness: 0)")
         if self.ray.local_mode and self.learner.num_workers != 1:
             raise ConfigError("ray.local_mode runs in-process and supports learner.num_workers=1 only")
         if self.learner.max_restarts and "rollout" not in self.algorithm.roles:

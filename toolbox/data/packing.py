@@ -78,23 +78,30 @@ def text_chunks(document: Example, max_length: int) -> list[Example]:
             for i in range(0, len(document), max_length)]
 
 
+def first_fit(lengths: list[int], row_length: int) -> list[list[int]]:
+    """Indices of items of ``lengths`` (each at most ``row_length``) placed into rows of ``row_length``,
+    first-fit in the given order (deterministic); each row lists its items in placement order."""
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i, n in enumerate(lengths):
+        slot = next((r for r, room in enumerate(free) if room >= n), None)
+        if slot is None:
+            rows.append([])
+            free.append(row_length)
+            slot = len(rows) - 1
+        rows[slot].append(i)
+        free[slot] -= n
+    return rows
+
+
 def pack_examples(examples: list[Example], row_length: int, pad_id: int) -> TokenBatch:
     """Several examples per row of ``row_length`` tokens, first-fit in the given order (deterministic).
 
     An example longer than ``row_length`` is cut to it. Rows are as many as needed.
     """
-    rows: list[list[Example]] = []
-    free: list[int] = []
-    for ex in examples:
-        ex = ex.cut(row_length)
-        slot = next((i for i, room in enumerate(free) if room >= len(ex)), None)
-        if slot is None:
-            rows.append([])
-            free.append(row_length)
-            slot = len(rows) - 1
-        rows[slot].append(ex)
-        free[slot] -= len(ex)
-    width = max((row_length - room for room in free), default=1)
+    cut = [ex.cut(row_length) for ex in examples]
+    rows = [[cut[i] for i in row] for row in first_fit([len(ex) for ex in cut], row_length)]
+    width = max((sum(len(ex) for ex in row) for row in rows), default=1)
     return _rows_to_batch(rows, width, pad_id, packed=True)
 
 

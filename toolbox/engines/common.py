@@ -46,6 +46,15 @@ def finish_code(reason: Any, where: str) -> int:
     raise RuntimeError(f"{where}: generation ended with finish reason {reason!r}; expected 'stop' or 'length'")
 
 
+def call_rng() -> random.Random:
+    """A stream for one generate call's request seeds, seeded by one draw from the process's global torch generator.
+
+    A rollout worker's checkpointed RNG state is its process's global streams (`toolbox.core.seeding.rng_state`),
+    so seeds drawn this way come back on resume: a resumed run sends the server the seeds the uninterrupted run
+    sent (an engine-private ``random.Random(seed)`` would restart from ``seed`` instead)."""
+    return random.Random(int(torch.randint(0, 2**62, (1,)).item()))
+
+
 def request_seeds(rng: random.Random, n: int, seeded: bool = True) -> list[int | None]:
     """Distinct per-request seeds (rows of one group share a prompt and must not share a seed); all None when
     ``seeded`` is off, leaving sampling to the engine-level seed."""

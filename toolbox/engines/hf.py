@@ -1,4 +1,9 @@
-"""The transformers engine: batched sampling with a KV cache through ``model.generate``. CPU default."""
+"""The transformers engine: batched sampling with a KV cache, CPU default.
+
+Two decode paths give the same tokens for the same seed: ``lean`` (`toolbox.engines.decode`: a static
+cache, one forward per token, sampling and log-probs fused) and ``generate`` (``model.generate`` with
+``output_logits``), kept for attention kernels the lean loop does not drive (flash attention).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,10 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolbox.core.devices import resolve_device
 from toolbox.engines.base import ENGINES, SamplingConfig
-from toolbox.learner.strategy import resolve_device
+from toolbox.engines.decode import check_lean_attention, decode
+from toolbox.learner.lora import LoraConfig, adapter_update, load_adapter
 from toolbox.models.loading import load_causal_lm, load_tokenizer
 from toolbox.models.logprobs import token_logprobs
 from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest, RolloutBatch
@@ -19,10 +26,17 @@ class HFEngineConfig(BaseModel):
     """Options of the ``hf`` engine."""
 
     model_config = ConfigDict(extra="forbid")
-    max_batch_size: int = Field(256, ge=1, description="Prompts per model.generate call.")
+    max_batch_size: int = Field(256, ge=1, description="Prompts decoded together in one batch.")
+    decode: Literal["lean", "generate"] = Field(
+        "lean", description="How tokens are sampled: 'lean' is the engine's own loop (static KV cache, one forward "
+        "per token, finished rows leave the batch; sdpa or eager attention), 'generate' is transformers' "
+        "model.generate. Both draw the same random numbers, so a seed samples the same tokens.")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "cpu", description="Where the model generates: 'auto' is cuda when the rollout worker has a GPU "
         "(rollout.gpus_per_worker > 0), else cpu. Batches come back on the CPU either way.")
+
+    def check_adapters(self, lora: LoraConfig) -> None:
+        """Takes LoRA adapters (learner.lora.sync: adapter): loaded with peft onto its model."""
 
 
 @ENGINES.register("hf", config=HFEngineConfig)
@@ -31,6 +45,7 @@ class HFEngine:
 
     Sampling draws from the process's global torch generator, seeded here once; its state is the
     engine's sampling state, which `toolbox.actors.rollout.RolloutWorker.get_state` puts in checkpoints.
+    Both decode paths advance it alike, so a checkpoint resumes exactly whichever path wrote it.
     """
 
     def __init__(self, model_path: str, dtype: str = "float32", config: HFEngineConfig | None = None,
@@ -39,6 +54,8 @@ class HFEngine:
         self.tokenizer = load_tokenizer(model_path, trust_remote_code)
         self.device = resolve_device(self.config.device, "rollout.engine.device")
         self.model = load_causal_lm(model_path, dtype, trust_remote_code).eval().to(self.device)
+        if self.config.decode == "lean":
+            check_lean_attention(self.model)
         self.generator_seed = seed
         torch.manual_seed(seed)
 
@@ -50,31 +67,16 @@ class HFEngine:
 
     def _generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
         pad, eos = int(self.tokenizer.pad_token_id), int(self.tokenizer.eos_token_id)
-        width = max(len(r.ids) for r in requests)
-        prompt_ids = torch.full((len(requests), width), pad, dtype=torch.long)
-        prompt_mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for i, r in enumerate(requests):
-            prompt_ids[i, width - len(r.ids) :] = torch.tensor(r.ids)
-            prompt_mask[i, width - len(r.ids) :] = 1
-        greedy = sampling.temperature == 0.0
-        out = self.model.generate(
-            input_ids=prompt_ids.to(self.device),
-            attention_mask=prompt_mask.to(self.device),
-            do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p,
-            top_k=None,
-            max_new_tokens=sampling.max_new_tokens,
-            min_new_tokens=0,
-            eos_token_id=eos if sampling.stop_at_eos else None,
-            pad_token_id=pad,
-            use_cache=True,
-            return_dict_in_generate=True,
-            output_logits=True,
-        )
-        response = out.sequences[:, width:].cpu()
-        logp = token_logprobs(torch.stack(out.logits, dim=1), response, 1.0 if greedy else sampling.temperature)
-        mask, finish = _response_mask(response, eos if sampling.stop_at_eos else None)
+        prompt_ids, prompt_mask = left_pad(requests, pad)
+        eos_or_none = eos if sampling.stop_at_eos else None
+        if self.config.decode == "lean":
+            response, logp = decode(self.model, prompt_ids.to(self.device), prompt_mask.to(self.device),
+                                    max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+                                    top_p=sampling.top_p, eos=eos_or_none, pad=pad)
+        else:
+            response, logp = self._model_generate(prompt_ids, prompt_mask, sampling, eos_or_none, pad)
+        response, logp = response.cpu(), logp.cpu()
+        mask, finish = _response_mask(response, eos_or_none)
         return RolloutBatch(
             prompt_ids_BP=prompt_ids,
             prompt_mask_BP=prompt_mask,
@@ -86,7 +88,33 @@ class HFEngine:
             extras=[r.extras for r in requests],
         )
 
+    def _model_generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingConfig,
+                        eos: int | None, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Response tokens and their behaviour log-probs through ``model.generate`` (the ``generate`` path)."""
+        greedy = sampling.temperature == 0.0
+        out = self.model.generate(
+            input_ids=prompt_ids.to(self.device),
+            attention_mask=prompt_mask.to(self.device),
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None,
+            max_new_tokens=sampling.max_new_tokens,
+            min_new_tokens=0,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            use_cache=True,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        response = out.sequences[:, prompt_ids.shape[1] :]
+        return response, token_logprobs(torch.stack(out.logits, dim=1), response, 1.0 if greedy else sampling.temperature)
+
     def update_weights(self, buckets: list[WeightBucket]) -> int:
+        lora = adapter_update(buckets)
+        if lora is not None:  # learner.lora.sync: adapter: peft adapters on this engine's model, loaded in place
+            self.model, loaded = load_adapter(self.model, buckets, lora)
+            return loaded
         return load_into(self.model, buckets)
 
     def sleep(self) -> None:
@@ -103,6 +131,17 @@ class HFEngine:
 
     def state_dict(self) -> dict[str, Any]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+
+def left_pad(requests: list[PromptRequest], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The requests' prompt ids left-padded to the longest, and their mask, ``[B, P]`` each."""
+    width = max(len(r.ids) for r in requests)
+    prompt_ids = torch.full((len(requests), width), pad, dtype=torch.long)
+    prompt_mask = torch.zeros((len(requests), width), dtype=torch.long)
+    for i, r in enumerate(requests):
+        prompt_ids[i, width - len(r.ids) :] = torch.tensor(r.ids)
+        prompt_mask[i, width - len(r.ids) :] = 1
+    return prompt_ids, prompt_mask
 
 
 def _response_mask(response_BR: torch.Tensor, eos: int | None) -> tuple[torch.Tensor, torch.Tensor]:

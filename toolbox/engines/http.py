@@ -7,6 +7,11 @@ or older vLLM's ``return_tokens_as_token_ids``, which spells each token "token_i
 text is tokenized again with the model's tokenizer, and a row whose token count then disagrees with
 its log-prob count is an error rather than a misaligned sample.
 
+Seeds: each request carries its own ``seed`` (``seeded``), drawn from the rollout worker's global torch
+generator, which checkpoints save and resumes restore; a server that honours ``seed`` (`toolbox.serve`,
+vLLM's OpenAI server) then samples a resumed run's rollouts exactly as the uninterrupted run's, given the
+same weights. A server that ignores it (or batches seeded requests non-deterministically) does not.
+
 Behaviour log-probs must follow the training definition, ``log_softmax(logits / T)`` of the sampled token
 (what the hf engine and the learners compute). A vLLM server reports ``--logprobs-mode raw_logprobs`` by
 default: the log-probs of the logits *before* temperature, which do not match unless T = 1. Start vLLM with
@@ -26,18 +31,25 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer, field_validator
 
 from toolbox.core.errors import ConfigError
 from toolbox.engines.base import ENGINES, SamplingConfig
-from toolbox.engines.common import Sample, batch_from_samples, finish_code, request_seeds, tensor_bytes
+from toolbox.engines.common import (
+    Sample,
+    batch_from_samples,
+    call_rng,
+    finish_code,
+    request_seeds,
+    tensor_bytes,
+)
 from toolbox.models.loading import load_tokenizer
 from toolbox.rl.batch import FINISH_STOP, PromptRequest, RolloutBatch
 from toolbox.rl.weights import WeightBucket, unpack_all
@@ -245,7 +257,7 @@ class HTTPEngine:
         self.client = openai.OpenAI(
             base_url=cfg.base_url, api_key=self._api_key, timeout=cfg.timeout_s, max_retries=cfg.max_retries
         )
-        self._rng = random.Random(seed)
+        torch.manual_seed(seed)  # the per-request seeds are drawn from this process's (checkpointed) torch stream
         self.server: ServerInfo | None = None  # None: not known yet (the server did not answer at start)
         try:
             self.server = probe_server(cfg.base_url, self._api_key)
@@ -258,7 +270,7 @@ class HTTPEngine:
 
     def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
         rows = prompt_rows(requests) if self.config.n_per_prompt else [[i] for i in range(len(requests))]
-        seeds = request_seeds(self._rng, len(rows), self.config.seeded)
+        seeds = request_seeds(call_rng(), len(rows), self.config.seeded)
 
         def complete(k: int) -> list[Sample]:
             return self._complete(requests[rows[k][0]], len(rows[k]), sampling, seeds[k], rows[k])

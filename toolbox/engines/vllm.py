@@ -19,19 +19,30 @@ from __future__ import annotations
 
 import logging
 import os
-import random
+import shutil
+import tempfile
 from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolbox.core.errors import ConfigError
 from toolbox.engines.base import ENGINES, SamplingConfig
-from toolbox.engines.common import Sample, batch_from_samples, finish_code, request_seeds, tensor_bytes
+from toolbox.engines.common import (
+    Sample,
+    batch_from_samples,
+    call_rng,
+    finish_code,
+    request_seeds,
+    tensor_bytes,
+)
+from toolbox.learner.lora import LoraConfig, adapter_update, write_adapter_dir
 from toolbox.models.loading import load_tokenizer
 from toolbox.rl.batch import PromptRequest, RolloutBatch
 from toolbox.rl.weights import WeightBucket, unpack_bucket
 
 log = logging.getLogger(__name__)
+VLLM_DEFAULT_MAX_LORA_RANK = 16  # vLLM's LoRAConfig.max_lora_rank default
 
 class VLLMEngineConfig(BaseModel):
     """Options of the ``vllm`` engine (passed to ``vllm.LLM``)."""
@@ -66,6 +77,16 @@ class VLLMEngineConfig(BaseModel):
         default_factory=dict, description="Further keyword arguments for vllm.LLM (vLLM EngineArgs names)."
     )
 
+    def check_adapters(self, lora: LoraConfig) -> None:
+        """Takes LoRA adapters (learner.lora.sync: adapter) as LoRA requests, which vLLM serves only when started
+        with LoRA enabled and a large enough rank."""
+        kwargs = self.engine_kwargs
+        rank = int(kwargs.get("max_lora_rank", VLLM_DEFAULT_MAX_LORA_RANK))
+        if not kwargs.get("enable_lora") or rank < lora.r:
+            raise ConfigError(f"learner.lora.sync: adapter with the vllm engine needs rollout.engine.engine_kwargs "
+                              f"{{enable_lora: true, max_lora_rank: >= {lora.r}}} (learner.lora.r); got "
+                              f"enable_lora={kwargs.get('enable_lora')!r}, max_lora_rank={rank}")
+
 
 @ENGINES.register("vllm", config=VLLMEngineConfig)
 class VLLMEngine:
@@ -75,13 +96,15 @@ class VLLMEngine:
                  seed: int = 0, trust_remote_code: bool = False) -> None:
         self.config = config or VLLMEngineConfig()
         self.tokenizer = load_tokenizer(model_path, trust_remote_code)
-        self._rng = random.Random(seed)
+        torch.manual_seed(seed)  # request seeds come from this process's torch stream, which checkpoints save
         # vLLM passes the CUDA IPC handles (which hold a rebuild function) to its workers by
         # pickling; it refuses to without this flag (see vLLM's examples/rl/rlhf_ipc.py).
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         import vllm  # lazy: the module must import where vLLM is not installed
 
         self._vllm = vllm
+        self._lora: Any = None  # learner.lora.sync: adapter: the LoRARequest of the latest adapter
+        self._lora_root = ""
         cfg = self.config
         extra = dict(cfg.engine_kwargs)
         if cfg.tensor_parallel_size > 1:
@@ -107,7 +130,7 @@ class VLLMEngine:
                  "workers (%d GPU(s) visible here)", torch.cuda.device_count())
 
     def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
-        seeds = request_seeds(self._rng, len(requests), self.config.seeded)
+        seeds = request_seeds(call_rng(), len(requests), self.config.seeded)
         params = [
             self._vllm.SamplingParams(
                 n=1,
@@ -121,11 +144,15 @@ class VLLMEngine:
             for s in seeds
         ]
         prompts = [self._vllm.TokensPrompt(prompt_token_ids=list(r.ids)) for r in requests]
-        outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        lora = {"lora_request": self._lora} if self._lora is not None else {}
+        outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False, **lora)
         samples = [_sample(out, i) for i, out in enumerate(outputs)]
         return batch_from_samples(requests, samples, int(self.tokenizer.pad_token_id))
 
     def update_weights(self, buckets: list[WeightBucket]) -> int:
+        lora = adapter_update(buckets)
+        if lora is not None:  # learner.lora.sync: adapter
+            return self._load_adapter(buckets, lora)
         """Send each bucket through vLLM's IPC weight transfer (start, one update per bucket, finish); returns the
         bytes sent."""
         if not torch.cuda.is_available():
@@ -156,6 +183,23 @@ class VLLMEngine:
     def wake(self) -> None:
         """Take the GPU memory back after `sleep`."""
         self.llm.wake_up()
+
+    def _load_adapter(self, buckets: list[WeightBucket], lora: LoraConfig) -> int:
+        """The adapter as a peft directory and a LoRA request with a new id (vLLM caches adapters by id, so a new
+        one is loaded, not the cached previous version), used by every later `generate`; the previous adapter
+        is removed from the engine and its directory deleted. Returns the adapter's bytes."""
+        from vllm.lora.request import LoRARequest
+
+        previous = self._lora
+        version = 1 if previous is None else previous.lora_int_id + 1
+        self._lora_root = self._lora_root or tempfile.mkdtemp(prefix="toolbox-lora-")
+        path = write_adapter_dir(buckets, lora, os.path.join(self._lora_root, f"v{version}"))
+        self._lora = LoRARequest(lora_name=f"policy-v{version}", lora_int_id=version, lora_path=str(path))
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+        self.llm.reset_prefix_cache()  # cached prefixes hold KV computed with the previous adapter
+        return sum(b.nbytes for b in buckets)
 
     def state_dict(self) -> dict[str, Any]:
         raise NotImplementedError(

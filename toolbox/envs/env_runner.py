@@ -5,10 +5,16 @@ Plain Python + torch; `toolbox.actors.env_runner.EnvRunnerWorker` makes it a Ray
 Episode boundaries follow gymnasium's SAME_STEP autoreset (see `toolbox.envs.make`):
 on a truncation (a time limit) the runner evaluates ``V(final observation)`` so the
 learner can bootstrap from it; on a termination there is nothing to bootstrap.
+The copies step in the runner's process or each in a subprocess (``env.vectorization``).
 Episodes run on across rollouts, and a checkpoint keeps them (`get_state`): the env copies
-(pickled, with their own RNGs), the current observations, the episode tallies and the
-action-sampling generator, so a resumed run continues the very same episodes. An env that
-cannot be pickled is the exception: a resumed run then starts fresh episodes (it says so).
+(pickled, with their own RNGs, by `SnapshotEnv` wherever they run), the current observations,
+the episode tallies and the action-sampling generator, so a resumed run continues the very
+same episodes. An env that cannot be pickled is the exception: a resumed run then starts
+fresh episodes (it says so).
+
+Per step the runner does one batched policy forward for all copies; the per-step
+bookkeeping (rewards, dones, returns, raw observations) stays in preallocated numpy
+arrays that become tensors once per rollout, not once per step.
 """
 
 from __future__ import annotations
@@ -16,13 +22,15 @@ from __future__ import annotations
 import logging
 import pickle
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
 from toolbox.envs.config import EnvConfig
-from toolbox.envs.make import make_vector_env
+from toolbox.envs.make import make_env, make_vector_env
 from toolbox.envs.trajectory import TrajectoryBatch
 from toolbox.models.mlp import ActorCritic, PolicyConfig, SpaceSpec
 from toolbox.models.running_stats import moments
@@ -39,13 +47,35 @@ class Episodes:
     lengths: list[int] = field(default_factory=list)
 
 
+class SnapshotEnv(gym.Wrapper):
+    """An env copy that can hand back a pickled copy of what it wraps, through ``vector_env.call("snapshot")``,
+    whether it steps in the runner's process or in an `AsyncVectorEnv` subprocess."""
+
+    def snapshot(self) -> tuple[bytes | None, str]:
+        """``(pickled env, "")``, or ``(None, why)``: an exception raised here would end an async worker."""
+        try:
+            return pickle.dumps(self.env), ""
+        except (pickle.PicklingError, TypeError, AttributeError) as err:
+            return None, str(err)
+
+
+def fresh_copy(cfg: EnvConfig) -> SnapshotEnv:
+    """A new env copy (module-level, so an `AsyncVectorEnv` subprocess can be handed it)."""
+    return SnapshotEnv(make_env(cfg))
+
+
+def restored_copy(env: Any) -> SnapshotEnv:
+    """An env copy unpickled from a checkpoint, wrapped again to be snapshot later."""
+    return SnapshotEnv(env)
+
+
 class EnvRunner:
     """One runner: ``env.num_envs`` copies of the env, a CPU copy of the policy, its own RNG."""
 
     def __init__(self, env: EnvConfig, policy: PolicyConfig, spec: SpaceSpec, gamma: float, seed: int) -> None:
         self.env_cfg, self.gamma = env, gamma
         self.model = ActorCritic(spec, policy).eval().requires_grad_(False)
-        self.envs = make_vector_env(env)
+        self.envs = make_vector_env(env, env_fns=[partial(fresh_copy, env) for _ in range(env.num_envs)])
         self.generator = torch.Generator().manual_seed(seed)
         self.obs, _ = self.envs.reset(seed=seed)
         n = env.num_envs
@@ -55,11 +85,12 @@ class EnvRunner:
 
     def get_state(self) -> dict[str, Any]:
         """Everything the next rollout depends on besides the weights (picklable, for a checkpoint)."""
-        try:
-            envs: bytes | None = pickle.dumps(self.envs.envs)
-        except (pickle.PicklingError, TypeError, AttributeError) as err:
+        snapshots = self.envs.call("snapshot")
+        envs: list[bytes] | None = [blob for blob, _ in snapshots]
+        errors = sorted({why for _, why in snapshots if why})
+        if errors:
             log.warning("env.id=%s: its state cannot be pickled (%s); a run resumed from this checkpoint starts "
-                        "fresh episodes", self.env_cfg.id, err)
+                        "fresh episodes", self.env_cfg.id, "; ".join(errors))
             envs = None
         return {"envs": envs, "obs": self.obs, "ep_return": self.ep_return.copy(), "ep_len": self.ep_len.copy(),
                 "discounted": self.discounted.copy(), "generator": self.generator.get_state()}
@@ -73,7 +104,10 @@ class EnvRunner:
             log.warning("env.num_envs is %d, the checkpoint has %d env copies per runner: fresh episodes start",
                         self.env_cfg.num_envs, len(state["ep_len"]))
             return
-        self.envs.envs = pickle.loads(state["envs"])  # SAME_STEP autoreset keeps no other per-step state
+        blobs = state["envs"]  # one blob per copy; checkpoints written before SnapshotEnv hold one of the whole list
+        copies = pickle.loads(blobs) if isinstance(blobs, bytes) else [pickle.loads(b) for b in blobs]
+        self.envs.close()  # SAME_STEP autoreset keeps no per-step state in the vector env itself
+        self.envs = make_vector_env(self.env_cfg, env_fns=[partial(restored_copy, env) for env in copies])
         self.obs = state["obs"]
         self.ep_return, self.ep_len, self.discounted = state["ep_return"], state["ep_len"], state["discounted"]
 
@@ -86,10 +120,9 @@ class EnvRunner:
         """``num_steps`` steps of every env copy with sampled actions."""
         n, obs_dim = self.env_cfg.num_envs, self.model.spec.obs_dim
         buf = _Buffers.empty(num_steps, n, obs_dim, self.model)
-        raw_obs: list[np.ndarray] = []
         episodes = Episodes()
         for t in range(num_steps):
-            raw_obs.append(np.asarray(self.obs, dtype=np.float64).reshape(n, obs_dim))
+            buf.raw_obs_TNO[t] = np.reshape(self.obs, (n, obs_dim))
             x = self.model.prepare_obs(self.obs)
             actions, logp, value = self.model.act(x, generator=self.generator)
             self.obs, reward, terminated, truncated, info = self.envs.step(self.model.env_actions(actions))
@@ -97,8 +130,8 @@ class EnvRunner:
             bootstrap = truncated & ~terminated  # a step that is both is a termination: nothing to bootstrap
             if bootstrap.any():
                 buf.final_values_TN[t] = self._final_values(info, bootstrap)
-            self._track(reward, terminated | truncated, buf.discounted_returns_TN[t], episodes)
-        mean, var, count = moments(torch.from_numpy(np.concatenate(raw_obs)))
+            self._track(reward, terminated | truncated, buf.discounted_TN[t], episodes)
+        mean, var, count = moments(torch.from_numpy(buf.raw_obs_TNO.reshape(-1, obs_dim)))
         last_value = self.model.value(self.model.prepare_obs(self.obs))
         return buf.batch(last_value, mean, var, count), episodes
 
@@ -110,16 +143,17 @@ class EnvRunner:
         out[torch.from_numpy(idx)] = self.model.value(self.model.prepare_obs(final))
         return out
 
-    def _track(self, reward: np.ndarray, done: np.ndarray, discounted_out: torch.Tensor, episodes: Episodes) -> None:
+    def _track(self, reward: np.ndarray, done: np.ndarray, discounted_out: np.ndarray, episodes: Episodes) -> None:
         """Episode returns/lengths, and the per-env discounted return that reward scaling divides by."""
         self.ep_return += reward
         self.ep_len += 1
         self.discounted = self.discounted * self.gamma + reward
-        discounted_out.copy_(torch.from_numpy(self.discounted))
-        for i in np.flatnonzero(done):
-            episodes.returns.append(float(self.ep_return[i]))
-            episodes.lengths.append(int(self.ep_len[i]))
-        self.ep_return[done], self.ep_len[done], self.discounted[done] = 0.0, 0, 0.0
+        discounted_out[:] = self.discounted
+        if done.any():
+            for i in np.flatnonzero(done):
+                episodes.returns.append(float(self.ep_return[i]))
+                episodes.lengths.append(int(self.ep_len[i]))
+            self.ep_return[done], self.ep_len[done], self.discounted[done] = 0.0, 0, 0.0
 
     @torch.no_grad()
     def evaluate(self, num_episodes: int, seed: int) -> list[float]:
@@ -127,6 +161,8 @@ class EnvRunner:
         if num_episodes <= 0:
             return []
         if self._eval_envs is None or self._eval_envs.num_envs != num_episodes:
+            if self._eval_envs is not None:
+                self._eval_envs.close()
             self._eval_envs = make_vector_env(self.env_cfg, num_episodes)
         obs, _ = self._eval_envs.reset(seed=seed)
         returns, done = np.zeros(num_episodes), np.zeros(num_episodes, dtype=bool)
@@ -145,32 +181,37 @@ class EnvRunner:
 
 @dataclass
 class _Buffers:
-    """Preallocated ``[T, N]`` tensors of one rollout."""
+    """Preallocated ``[T, N]`` arrays of one rollout: tensors for what the policy produced, numpy for what the env
+    returned (written in place each step, made tensors once by `batch`)."""
 
     obs_TNO: torch.Tensor
     actions_TN: torch.Tensor
     logp_TN: torch.Tensor
     values_TN: torch.Tensor
-    rewards_TN: torch.Tensor
-    terminated_TN: torch.Tensor
-    truncated_TN: torch.Tensor
     final_values_TN: torch.Tensor
-    discounted_returns_TN: torch.Tensor
+    rewards_TN: np.ndarray
+    terminated_TN: np.ndarray
+    truncated_TN: np.ndarray
+    discounted_TN: np.ndarray
+    raw_obs_TNO: np.ndarray  # float64, for the observation moments
 
     @staticmethod
     def empty(t: int, n: int, obs_dim: int, model: ActorCritic) -> _Buffers:
         spec = model.spec
         actions = torch.zeros(t, n, dtype=torch.int64) if model.discrete else torch.zeros(t, n, spec.action_dim)
-        z = lambda: torch.zeros(t, n)  # noqa: E731
-        b = lambda: torch.zeros(t, n, dtype=torch.bool)  # noqa: E731
-        return _Buffers(torch.zeros(t, n, obs_dim), actions, z(), z(), z(), b(), b(), z(), z())
+        return _Buffers(torch.zeros(t, n, obs_dim), actions, torch.zeros(t, n), torch.zeros(t, n), torch.zeros(t, n),
+                        np.zeros((t, n), np.float32), np.zeros((t, n), bool), np.zeros((t, n), bool),
+                        np.zeros((t, n), np.float32), np.zeros((t, n, obs_dim)))
 
     def record(self, t: int, obs: torch.Tensor, actions: torch.Tensor, logp: torch.Tensor, value: torch.Tensor,
                reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> None:
         self.obs_TNO[t], self.actions_TN[t], self.logp_TN[t], self.values_TN[t] = obs, actions, logp, value
-        self.rewards_TN[t] = torch.from_numpy(np.asarray(reward, dtype=np.float32))
-        self.terminated_TN[t] = torch.from_numpy(np.asarray(terminated))
-        self.truncated_TN[t] = torch.from_numpy(np.asarray(truncated))
+        self.rewards_TN[t], self.terminated_TN[t], self.truncated_TN[t] = reward, terminated, truncated
 
     def batch(self, last_value_N: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, count: float) -> TrajectoryBatch:
-        return TrajectoryBatch(**vars(self), last_value_N=last_value_N, obs_mean_O=mean, obs_var_O=var, obs_count=count)
+        return TrajectoryBatch(
+            obs_TNO=self.obs_TNO, actions_TN=self.actions_TN, logp_TN=self.logp_TN, values_TN=self.values_TN,
+            rewards_TN=torch.from_numpy(self.rewards_TN), terminated_TN=torch.from_numpy(self.terminated_TN),
+            truncated_TN=torch.from_numpy(self.truncated_TN), final_values_TN=self.final_values_TN,
+            last_value_N=last_value_N, discounted_returns_TN=torch.from_numpy(self.discounted_TN),
+            obs_mean_O=mean, obs_var_O=var, obs_count=count)

@@ -54,6 +54,12 @@ class LearnerConfig(BaseModel):
         "state together (the AdamW step runs on the CPU), so 'optimizer' and 'params' are the same policy.",
     )
     micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward; gradients accumulate over them.")
+    packing: bool = Field(
+        False,
+        description="Online RL learners (grpo and its variants, ppo): pack each micro-batch's sequences (prompt + "
+        "response, no padding) into rows with restarted position ids, and deal rows to ranks balanced by tokens; "
+        "the pad_frac metric shows the padding left. Same numbers up to float rounding.",
+    )
     cpus_per_worker: float = Field(0.5, gt=0, description="Ray CPUs reserved per learner rank (logical; torch_threads sets real use).")
     gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs reserved per learner rank.")
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads per rank.")

@@ -17,7 +17,7 @@ from torch import nn
 from toolbox.learner.collective import rank
 from toolbox.learner.config import LearnerConfig, OptimConfig
 from toolbox.learner.hf_export import export_state
-from toolbox.learner.lora import AdapterDisabled, add_adapters, export_lora, merged_state_dict
+from toolbox.learner.lora import AdapterDisabled, add_adapters, export_lora, sync_buckets
 from toolbox.learner.optim import TrainedModel
 from toolbox.learner.strategy import Placement, full_state_dict, wrap
 from toolbox.models.loading import load_causal_lm
@@ -86,8 +86,8 @@ class PolicyRank:
         state = full_state_dict(self.model)
         if rank() != 0:
             return []
-        if self.cfg.lora is not None:  # engines get the base model's names with the adapters folded in
-            state = merged_state_dict(state, self.cfg.lora)
+        if self.cfg.lora is not None:  # merged weights under the base model's names, or the adapter alone
+            return sync_buckets(state, self.cfg.lora, self.cfg.bucket_mb << 20)
         return pack_state_dict(state, self.cfg.bucket_mb << 20)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:

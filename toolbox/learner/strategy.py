@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-CPU = torch.device("cpu")
+from toolbox.core.devices import CPU, resolve_device
 
 
 def is_distributed() -> bool:
@@ -39,24 +39,6 @@ class Placement:
     def of(cls, cfg: Any) -> Placement:
         """The placement a `LearnerConfig` asks for, on the device `resolve_device` picks for this process."""
         return cls(resolve_device(cfg.device), cfg.mixed_precision, cfg.activation_checkpointing, cfg.offload)
-
-
-def resolve_device(choice: str, field: str = "learner.device") -> torch.device:
-    """The device option ``field`` (auto|cpu|cuda) for this process: 'auto' is cuda when a GPU is visible, else cpu.
-
-    Ray sets ``CUDA_VISIBLE_DEVICES`` of an actor to the GPU(s) it assigned (``ray.get_gpu_ids()``), so the
-    rank's GPU is always ``cuda:0`` inside the actor; an actor reserved no GPU sees none and runs on cpu.
-    """
-    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
-        return CPU
-    if choice not in ("auto", "cuda"):
-        raise ValueError(f"{field}: unknown device {choice!r}; allowed: auto, cpu, cuda")
-    if not torch.cuda.is_available():
-        role = field.split(".")[0]
-        raise RuntimeError(f"{field} is 'cuda' but this {role} worker sees no GPU: reserve one with "
-                           f"{role}.gpus_per_worker (Ray then sets CUDA_VISIBLE_DEVICES) or use device: cpu")
-    torch.cuda.set_device(0)
-    return torch.device("cuda", 0)
 
 
 def backend_for(backend: str, device: torch.device) -> str:

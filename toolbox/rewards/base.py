@@ -127,7 +127,18 @@ class RewardResult:
         }
         for reason, count in self.error_reasons()[:MAX_REASONS]:
             out[f"reward_error/{reason_key(reason)}"] = float(count)
+        out.update(self.component_means())
         return out
+
+    def component_means(self) -> dict[str, float]:
+        """``reward/<component>``: each component's mean over the scored samples that report it (a composite's
+        parts, abstentions left out)."""
+        sums: dict[str, list[float]] = {}
+        for row in self.ok_B.nonzero().squeeze(1).tolist() if self.components else []:
+            for name, value in self.components[row].items():
+                if value is not None:
+                    sums.setdefault(name, []).append(value)
+        return {f"reward/{name}": sum(values) / len(values) for name, values in sums.items()}
 
     def check_error_rate(self, where: str = "this step") -> None:
         """Raise `RewardErrorRateExceeded` when more than ``max_error_rate`` of the samples errored."""

@@ -3,12 +3,13 @@
 The ``multi_turn`` engine (`toolbox.agents.multi_turn`) writes ``env_score`` (the env's per-turn rewards,
 reduced) and, when the env failed, ``env_error`` into each row's extras. This reward passes the score on, so
 the reward role stays in charge of what the learner sees: it composes with other rewards in
-``weighted_sum``, and an env failure becomes a per-sample reward error, never a 0.
+``weighted_sum``, and an env failure becomes a per-sample reward error, never a 0. When the env names the
+parts of its score (``extras['env_parts']``), the value carries them as reward components.
 """
 
 from __future__ import annotations
 
-from toolbox.rewards.base import REWARDS, Reward, RewardSample
+from toolbox.rewards.base import REWARDS, Composite, Reward, RewardSample
 
 
 @REWARDS.register("env_score")
@@ -21,6 +22,8 @@ def env_score() -> Reward:
             raise RuntimeError(f"environment failed: {error}")
         if "env_score" not in sample.extras:
             raise KeyError("the row has no 'env_score' in its extras; env_score needs rollout.engine.name=multi_turn")
-        return float(sample.extras["env_score"])
+        parts = sample.extras.get("env_parts")
+        value = float(sample.extras["env_score"])
+        return Composite(value, {k: float(v) for k, v in parts.items()}) if parts else value
 
     return score

@@ -45,7 +45,7 @@ class RewardModelScorer:
     """Loads the model once per reward worker; each call scores one sample through the shared batcher."""
 
     def __init__(self, config: RewardModelConfig) -> None:
-        from toolbox.learner.strategy import resolve_device
+        from toolbox.core.devices import resolve_device
 
         self.config = config
         self.tokenizer = load_tokenizer(config.path)

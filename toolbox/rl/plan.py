@@ -95,7 +95,7 @@ class StepRows:
         size = n // world
         return [slice(r * size, (r + 1) * size) for r in range(world)]
 
-    def plan_fields(self, shards: list[RolloutBatch], cuts: list[slice]) -> dict[str, Any]:
+    def plan_fields(self, shards: list[RolloutBatch], cuts: list[slice] | list[torch.Tensor]) -> dict[str, Any]:
         """The `StepPlan` fields of this step for ranks cut as ``cuts``: pass them on with ``**``."""
         return {"shard_rows": [len(s) for s in shards], "rank_rows": [self.kept[c] for c in cuts],
                 "response_width": self.response_width, "metrics": self.metrics}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,6 +39,9 @@ class WeightBucket:
 
     manifest: list[TensorSpec]
     arrays: list[np.ndarray]  # uint8, 1-D, one per manifest entry
+    # LoRA adapter weights alone (learner.lora.sync: adapter): the LoRA config (`toolbox.learner.lora.LoraConfig`
+    # as a dict) an engine needs to apply them; None for full model weights.
+    adapter: dict[str, Any] | None = None
 
     @property
     def nbytes(self) -> int:

@@ -4,11 +4,20 @@ Shared by every algorithm that learns from its own samples (GRPO and its variant
 critic, online DPO): they differ in their learner, not in this loop. One step submits the
 whole chain and waits once; only DAPO's dynamic sampling looks at the (small) rewards of a
 round before deciding whether to sample another.
+
+Overlap (``rollout.max_staleness = k > 0``): step t also submits the first sampling round of the steps up to t + k,
+before its update and weight sync. A rollout worker runs the driver's calls one at a time, in the order submitted
+(a synchronous Ray actor), so those rounds sample with the weights it holds then and step t's sync lands after
+them: a step's batch lags the learner by k policy versions at most. The learner trains on step t meanwhile; the
+loss corrects with truncated importance sampling (``algorithm.tis_cap``) from the behaviour log-probs the engine
+recorded. Batches in flight are not checkpointed: a resumed run samples them again (docs/architecture.md, Overlap).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,6 +42,17 @@ def mean_over_ranks(per_rank: list[Metrics]) -> Metrics:
     return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
 
 
+@dataclass
+class Round:
+    """One sampling round of a step in flight: its batch and rewards, the shards it sent, and the policy version
+    (learner steps done) whose weights the rollout workers hold when it runs."""
+
+    batches: Pending[RolloutBatch]
+    rewards: Pending[RewardResult]
+    shards: list[list[PromptRequest]]
+    version: int
+
+
 class OnlineTrainer(BaseTrainer):
     """Samples ``algo.prompts_per_step`` groups per step, scores them, updates the learner, syncs the weights.
 
@@ -42,19 +62,30 @@ class OnlineTrainer(BaseTrainer):
     def __init__(self, cfg: TrainerConfig, bus: EventBus, algo: GroupSampling, sampling: SamplingConfig,
                  prompts: PromptSource, rollout: RolloutRole, reward: RewardRole, learner: PolicyLearnerRole,
                  run_dir: Path, experiment: str = "", dynamic: DynamicSampling | None = None,
-                 colocate: bool = False) -> None:
+                 colocate: bool = False, max_staleness: int = 0) -> None:
         """``colocate`` (``rollout.placement: colocate``): each rollout worker puts its engine to sleep once its shard
-        is generated, before the learner trains on it; loading the new weights wakes it."""
+        is generated, before the learner trains on it; loading the new weights wakes it. ``max_staleness``
+        (``rollout.max_staleness``): sample up to that many steps ahead while the learner trains."""
         super().__init__(cfg, bus, experiment)
-        self.colocate = colocate
+        if colocate and max_staleness:
+            raise ValueError("colocated engines sleep while the learner trains: they cannot sample ahead")
+        self.colocate, self.max_staleness = colocate, max_staleness
         self.algo, self.sampling, self.prompts = algo, sampling, prompts
         self.rollout, self.reward, self.learner = rollout, reward, learner
         self.run_dir = run_dir
         self.dynamic = dynamic if dynamic is not None and dynamic.dynamic_sampling else None
+        self.ahead: dict[int, Round] = {}  # first rounds of later steps, sampled while the learner trains
+        self.loads: deque[Pending[float]] = deque()  # weight loads submitted and not yet waited for, oldest first
+        self.version = 0  # the policy version (learner steps done) the rollout workers hold for the next sample
 
     def prepare(self) -> int:
+        """Resume (or start), then sync the engines: rounds still in flight from before are dropped and sampled
+        again (a restarted learner group comes back through here)."""
         start = self.resume(self.learner.load)
+        self.ahead.clear()
+        self.loads.clear()
         wait(*self.sync_weights())
+        self.version = start
         return start
 
     def train_step(self, step: int) -> Metrics:
@@ -63,16 +94,23 @@ class OnlineTrainer(BaseTrainer):
 
     def run_step(self, step: int) -> Metrics:
         t0 = time.perf_counter()
-        batches, rewards, rounds, rows = self._rollouts(step)
+        first = self.ahead.pop(step, None) or self._round(step, 0)
+        batches, rewards, rounds, rows = self._rollouts(step, first)
+        self._sample_ahead(step)  # before this step's sync: they sample with the weights the workers hold now
         keep = choose_groups(rounds, self.algo.prompts_per_step) if self.dynamic else None
         trace = self.trace_request(step)
         update = self.learner.update(batches, rewards, keep, trace=trace)
         samples = [self.learner.samples()] if trace else []
-        sync = self.sync_weights()
-        wait(batches, rewards, update, *samples, *sync)  # the step's one wait
+        weights, loaded = self.sync_weights()
+        self.loads.append(loaded)
+        self.version = step + 1
+        # Step t - k's load, queued right after this step's batch: waiting for it adds one load, nothing more.
+        due = [self.loads.popleft() for _ in range(len(self.loads) - self.max_staleness)]
+        wait(batches, rewards, update, *samples, weights, *due)  # the step's one wait
         metrics = mean_over_ranks(update.result())
-        metrics["sync_s"] = max(sync[1].result(), default=0.0)
+        metrics["sync_s"] = max((s for load in due for s in load.result()), default=0.0)
         metrics["driver_wait_s"] = time.perf_counter() - t0
+        metrics.update(role_shares(metrics, step - first.version))
         self.bus.emit(Event.ROLLOUT_END, {"step": step + 1, "rounds": len(rounds) or 1, "rows": rows})
         recorded = samples[0].result()[0] if samples else None
         if recorded is not None:  # a learner whose plan records nothing (a plugin's) has none
@@ -90,27 +128,34 @@ class OnlineTrainer(BaseTrainer):
             return None
         return TraceRequest(step + 1, self.cfg.log_samples, len(self.rollout))
 
-    def _rollouts(self, step: int) -> tuple[Pending[RolloutBatch], Pending[RewardResult], list[dict[int, bool]], int]:
-        """Generate and score a step's prompts (whole groups per shard); DAPO adds rounds until enough groups inform."""
-        a, dyn = self.algo, self.dynamic
-        batches: list[Pending[RolloutBatch]] = []
-        rewards: list[Pending[RewardResult]] = []
+    def _round(self, step: int, r: int) -> Round:
+        """Submit round ``r`` of step ``step``: its prompts (whole groups per shard) generated, then scored."""
+        a = self.algo
+        shards = split_groups(self.prompts.step(step, a.prompts_per_step, a.group_size, round=r), len(self.rollout))
+        # Colocated: every round sleeps (DAPO: the next round's generate wakes the engine again).
+        batches = self.rollout.generate(shards, self.sampling, sleep_after=self.colocate)
+        return Round(batches, self.reward.score(batches), shards, self.version)
+
+    def _sample_ahead(self, step: int) -> None:
+        """Submit the first rounds of steps up to ``step + max_staleness`` (within the run) not yet in flight."""
+        for later in range(step + 1, min(step + self.max_staleness, self.cfg.total_steps - 1) + 1):
+            if later not in self.ahead:
+                self.ahead[later] = self._round(later, 0)
+
+    def _rollouts(self, step: int, first: Round) -> tuple[Pending[RolloutBatch], Pending[RewardResult],
+                                                          list[dict[int, bool]], int]:
+        """A step's rounds from its ``first``; DAPO adds rounds until enough groups inform (or none are left)."""
+        a, dyn, done = self.algo, self.dynamic, [first]
         rounds: list[dict[int, bool]] = []
-        rows = 0
-        for r in range(dyn.max_sampling_rounds if dyn else 1):
-            shards = split_groups(self.prompts.step(step, a.prompts_per_step, a.group_size, round=r), len(self.rollout))
-            if self.colocate:  # every round sleeps (DAPO: the next round's generate wakes the engine again)
-                batches.append(self.rollout.generate(shards, self.sampling, sleep_after=True))
-            else:
-                batches.append(self.rollout.generate(shards, self.sampling))
-            rewards.append(self.reward.score(batches[-1]))
-            rows += sum(len(s) for s in shards)
-            if dyn is None:
+        while dyn is not None:
+            last = done[-1]
+            rounds.append(_informative(last.rewards, last.shards))  # dynamic sampling must see this round's rewards
+            informing = sum(ok for rd in rounds for ok in rd.values())
+            if informing >= a.prompts_per_step or len(done) == dyn.max_sampling_rounds:
                 break
-            rounds.append(_informative(rewards[-1], shards))  # dynamic sampling must see this round's rewards
-            if sum(ok for rd in rounds for ok in rd.values()) >= a.prompts_per_step:
-                break
-        return Pending.concat(batches), Pending.concat(rewards), rounds, rows
+            done.append(self._round(step, len(done)))
+        rows = sum(len(shard) for rd in done for shard in rd.shards)
+        return Pending.concat([rd.batches for rd in done]), Pending.concat([rd.rewards for rd in done]), rounds, rows
 
     def sync_weights(self) -> tuple[Pending[list], Pending[float]]:
         """Learner rank 0 exports bucket refs; every rollout worker loads them (before its next generate)."""
@@ -128,7 +173,10 @@ class OnlineTrainer(BaseTrainer):
         return {"rollout": self.rollout, "reward": self.reward}
 
     def finish(self) -> None:
-        """With ``trainer.export``: the final policy as a Hugging Face model directory, RUN_DIR/hf."""
+        """The weight loads still queued are waited for (a failed one fails the run); with ``trainer.export``: the
+        final policy as a Hugging Face model directory, RUN_DIR/hf."""
+        wait(*self.loads)
+        self.loads.clear()
         if self.cfg.export:
             self.learner.export_hf(str(self.run_dir / "hf"))
 
@@ -140,6 +188,21 @@ def greedy_reward(prompts: PromptSource, rollout: RolloutRole, reward: RewardRol
     requests = prompts.eval_set(num_prompts)
     scored = reward.score(rollout.generate(split_even(requests, len(rollout)), greedy))
     return {"reward": RewardResult.concat(scored.result()).metrics()["reward"]}
+
+
+def role_shares(metrics: Metrics, staleness: int) -> Metrics:
+    """``staleness`` of the step's batch (learner steps between the weights that sampled its first round and the
+    learner's), and the share of the step's wall time (``driver_wait_s``) each role was idle: rollout workers busy
+    for the batch's generation plus the weight load (``generate_s + sync_s``), learner ranks for ``train_s``. With
+    ``max_staleness > 0`` the batch was (mostly) generated during the step before, so the rollout share is exact in
+    the steady state, where every step generates one batch."""
+    shares = {"staleness": float(staleness)}
+    window = metrics["driver_wait_s"]
+    if "generate_s" in metrics:
+        shares["rollout_idle"] = max(0.0, 1.0 - (metrics["generate_s"] + metrics["sync_s"]) / window)
+    if "train_s" in metrics:
+        shares["learner_idle"] = max(0.0, 1.0 - metrics["train_s"] / window)
+    return shares
 
 
 def _informative(rewards: Pending[RewardResult], shards: list[list[PromptRequest]]) -> dict[int, bool]:

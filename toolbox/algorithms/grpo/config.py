@@ -17,8 +17,10 @@ from toolbox.algorithms.pieces import (
     Clip,
     DynamicSampling,
     GroupSampling,
+    OffPolicy,
     Overlong,
     PolicyEpochs,
+    check_off_policy,
     check_rollout_batch,
 )
 from toolbox.config.algorithm import AlgorithmConfig
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 POLICY_ROLES = ("rollout", "reward", "learner")  # what the online policy wiring builds, in order
 
 
-class GRPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, Clip, KL, DynamicSampling, Overlong):
+class GRPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, Clip, KL, DynamicSampling, Overlong, OffPolicy):
     """The algorithm section of a GRPO experiment (and its variants)."""
 
     name: Literal["grpo"] = Field("grpo", description="Algorithm: selects the config, learner, loop and wiring.")
@@ -45,3 +47,4 @@ class GRPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, Clip, KL, Dynamic
         if self.advantage not in ADVANTAGES:
             raise ConfigError(f"algorithm.advantage: {self.advantage!r} is not one of {ADVANTAGES.names()}")
         check_rollout_batch(exp, self, self.mini_batches)
+        check_off_policy(exp, self)

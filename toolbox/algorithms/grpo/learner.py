@@ -17,9 +17,9 @@ from torch import nn
 from toolbox.algorithms.grpo.config import GRPOConfig
 from toolbox.learner.collective import global_sum, rank, world
 from toolbox.learner.config import LearnerConfig
+from toolbox.learner.packed import RowForwards, balanced_shares
 from toolbox.learner.policy import PolicyRank
 from toolbox.learner.rows import chunks_of, mean_stats, mini_batches, no_grad_rows
-from toolbox.models.logprobs import response_logprobs
 from toolbox.objectives.grpo import grpo_loss
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.advantages import grpo_advantages, overlong_shaping
@@ -45,6 +45,7 @@ class GRPOLearner:
         self.cfg, self.algo = cfg, algo
         self.policy = PolicyRank.pretrained(model_path, dtype, cfg, total_steps * algo.ppo_epochs * algo.mini_batches,
                                             frozen_reference=algo.kl_coef > 0)
+        self.forwards = RowForwards.of(self.policy, cfg.packing, algo.temperature)
 
     def plan(self, shards: list[RolloutBatch], results: list[RewardResult],
              keep_groups: list[int] | None = None) -> GRPOPlan:
@@ -55,7 +56,7 @@ class GRPOLearner:
         step = read_step(shards, results, keep_groups)
         adv_B, valid_B = self._advantages(step)
         step.metrics["adv_abs"] = float(adv_B.abs().mean())
-        cuts = step.shares(world())
+        cuts = balanced_shares(step.batch, world()) if self.cfg.packing else step.shares(world())
         return GRPOPlan(**step.plan_fields(shards, cuts), advantages=[adv_B[c] for c in cuts],
                         valid=[valid_B[c] for c in cuts])
 
@@ -78,6 +79,7 @@ class GRPOLearner:
     def update(self, plan: GRPOPlan, shards: dict[int, RolloutBatch]) -> dict[str, float]:
         """One GRPO step on this rank's rows of ``plan`` (cut from ``shards``, the ones it names); returns metrics."""
         r = rank()
+        self.forwards.reset()
         mine, adv_B = plan.gather(r, shards), plan.advantages[r]
         mine.response_mask_BR = mine.response_mask_BR * plan.valid[r].long().unsqueeze(1)
         on_policy = self.algo.ppo_epochs == 1 and self.algo.mini_batches == 1
@@ -89,7 +91,7 @@ class GRPOLearner:
             self._optimizer_step(mine, mini, (adv_B, plan.valid[r]), (old_logp, ref_logp), float(plan.response_width),
                                  stats)
         self.policy.step += 1
-        return {**mean_stats(stats), **plan.metrics}
+        return {**mean_stats(stats), **plan.metrics, **self.forwards.metrics()}
 
     def _optimizer_step(self, batch: RolloutBatch, rows: slice, adv_valid: tuple[torch.Tensor, torch.Tensor],
                         old_ref: tuple[torch.Tensor | None, torch.Tensor | None], norm_length: float,
@@ -107,19 +109,19 @@ class GRPOLearner:
         totals: dict[str, float] = defaultdict(float)
         for mb in chunks_of(rows, self.cfg.micro_batch_size):
             part = batch.select(mb)
-            logp = response_logprobs(self.policy.model, part, a.temperature)
+            logp = self.forwards.logprobs(self.policy.model, part)
             old = logp.detach() if old_logp is None else old_logp[mb]
             ref = None if ref_logp is None else ref_logp[mb]
             terms = grpo_loss(logp, old, ref, adv_B[mb], part.loss_mask_BR, tokens, seqs, norm_length,
-                              clip_low=a.clip_low, clip_high=a.clip_high, agg=a.agg, kl_coef=a.kl_coef, kl_kind=a.kl_kind)
+                              clip_low=a.clip_low, clip_high=a.clip_high, agg=a.agg, kl_coef=a.kl_coef, kl_kind=a.kl_kind,
+                              behaviour_logp_BT=part.logprobs_BR, tis_cap=a.tis_cap or 0.0)
             terms.loss.backward()
             for k, v in (("pg_loss", terms.pg_loss), ("kl", terms.kl), ("clip_frac", terms.clip_frac),
-                         ("loss", float(terms.loss.detach()))):
+                         ("loss", float(terms.loss.detach())), *terms.off_policy.items()):
                 totals[k] += v
         for k, v in {**totals, **self.policy.optimizer_step()}.items():
             stats[k].append(v)
 
     def _no_grad_logprobs(self, model: nn.Module, batch: RolloutBatch) -> torch.Tensor:
-        return no_grad_rows(lambda part: response_logprobs(model, part, self.algo.temperature), batch,
-                            self.cfg.micro_batch_size)
+        return no_grad_rows(lambda part: self.forwards.logprobs(model, part), batch, self.cfg.micro_batch_size)
 

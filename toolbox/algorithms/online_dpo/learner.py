@@ -17,7 +17,7 @@ from toolbox.learner.config import LearnerConfig
 from toolbox.learner.policy import PolicyRank
 from toolbox.learner.rows import chunks_of, no_grad_rows
 from toolbox.models.logprobs import response_logprobs
-from toolbox.objectives.online_dpo import best_worst_pairs
+from toolbox.objectives.online_dpo import best_worst_pairs, sequence_logps
 from toolbox.objectives.preference import dpo_loss, preference_logits
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import RolloutBatch
@@ -87,10 +87,10 @@ class OnlineDPOLearner:
         return metrics
 
     def _seq_logps(self, model: torch.nn.Module, part: RolloutBatch) -> torch.Tensor:
-        logp = response_logprobs(model, part, self.algo.temperature).sum(dim=1)
-        if self.algo.loss_type == "ipo":  # IPO on length-averaged log-probs, as its authors do
-            logp = logp / part.response_mask_BR.sum(dim=1).clamp(min=1)
-        return logp
+        """The model's own tokens' log-probs summed (environment tokens of multi-turn rows excluded); IPO on
+        length-averaged log-probs, as its authors do."""
+        logp_BR = response_logprobs(model, part, self.algo.temperature)
+        return sequence_logps(logp_BR, part.loss_mask_BR, length_average=self.algo.loss_type == "ipo")
 
     def _ref_seq_logps(self, part: RolloutBatch) -> torch.Tensor:
         ref = self.policy.ref

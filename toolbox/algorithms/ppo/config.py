@@ -7,14 +7,22 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import Field
 
 from toolbox.algorithms.grpo.config import POLICY_ROLES
-from toolbox.algorithms.pieces import KL, Clip, GroupSampling, PolicyEpochs, check_rollout_batch
+from toolbox.algorithms.pieces import (
+    KL,
+    Clip,
+    GroupSampling,
+    OffPolicy,
+    PolicyEpochs,
+    check_off_policy,
+    check_rollout_batch,
+)
 from toolbox.config.algorithm import AlgorithmConfig
 
 if TYPE_CHECKING:
     from toolbox.config.schema import ExperimentConfig
 
 
-class PPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, Clip, KL):
+class PPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, Clip, KL, OffPolicy):
     """The algorithm section of a language-model PPO experiment (``group_size`` may be 1)."""
 
     name: Literal["ppo"] = Field("ppo", description="Algorithm: selects the config, learner, loop and wiring.")
@@ -31,3 +39,4 @@ class PPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, Clip, KL):
 
     def check(self, exp: ExperimentConfig) -> None:
         check_rollout_batch(exp, self, self.mini_batches)
+        check_off_policy(exp, self)

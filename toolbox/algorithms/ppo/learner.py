@@ -1,7 +1,8 @@
 """`PPOLearner`: language-model PPO with a critic, on one learner rank (policy + critic, both strategy-wrapped).
 
 `plan` (rank 0, once per step) reads the rewards and which rows were scored; `update` (every
-rank, its own rows) computes old log-probs and values, token-level GAE and runs the clipped
+rank, its own rows) computes old log-probs (unless one epoch of one mini-batch without a reference
+makes them the training pass's own) and values, token-level GAE and runs the clipped
 policy and value epochs. The critic is a second trained model of the rank with its own
 optimizer and schedule, checkpointed beside the policy.
 """
@@ -16,14 +17,14 @@ import torch
 from toolbox.algorithms.ppo.config import PPOConfig
 from toolbox.learner.collective import global_mean, global_sum, rank, world
 from toolbox.learner.config import LearnerConfig
+from toolbox.learner.packed import RowForwards, balanced_shares
 from toolbox.learner.policy import PolicyRank
 from toolbox.learner.rows import chunks_of, mean_stats, mini_batches, no_grad_rows
 from toolbox.learner.strategy import Placement, wrap
-from toolbox.models.logprobs import response_logprobs
-from toolbox.models.value import load_value_model, response_values
+from toolbox.models.value import load_value_model
 from toolbox.objectives.aggregate import aggregate
 from toolbox.objectives.kl import kl_penalty
-from toolbox.objectives.policy import clipped_policy_terms
+from toolbox.objectives.policy import clipped_policy_terms, off_policy_correction
 from toolbox.objectives.ppo_lm import token_gae, token_rewards
 from toolbox.objectives.value import clipped_value_terms
 from toolbox.rewards.base import RewardResult
@@ -44,7 +45,7 @@ class _Rollout:
     """What one rank's epochs reuse: its rows, old log-probs and values, reference log-probs, advantages, returns."""
 
     batch: RolloutBatch
-    old_logp: torch.Tensor
+    old_logp: torch.Tensor | None  # None: one epoch of one mini-batch, the training pass's own log-probs
     old_values: torch.Tensor
     ref_logp: torch.Tensor | None
     adv: torch.Tensor
@@ -64,6 +65,7 @@ class PPOLearner:
         self.critic = self.policy.attach("critic", wrap(load_value_model(model_path, dtype).train(), cfg.strategy,
                                                          Placement.of(cfg)),
                                          cfg.optim.model_copy(update={"lr": algo.critic_lr}), steps)
+        self.forwards = RowForwards.of(self.policy, cfg.packing, algo.temperature)
 
     def plan(self, shards: list[RolloutBatch], results: list[RewardResult],
              keep_groups: list[int] | None = None) -> PPOPlan:
@@ -71,34 +73,38 @@ class PPOLearner:
         if keep_groups is not None:
             raise ValueError("the ppo learner trains on every sampled row; keep_groups must be None")
         step = read_step(shards, results, None)
-        cuts = step.shares(world())
+        cuts = balanced_shares(step.batch, world()) if self.cfg.packing else step.shares(world())
         return PPOPlan(**step.plan_fields(shards, cuts), scores=[step.rewards.values_B[c] for c in cuts],
                        ok=[step.rewards.ok_B[c] for c in cuts])
 
     def update(self, plan: PPOPlan, shards: dict[int, RolloutBatch]) -> dict[str, float]:
         """One PPO step on this rank's rows: old log-probs/values, token GAE, clipped policy + value epochs."""
         r = rank()
+        self.forwards.reset()
         rollout, kl_BT = self._rollout(plan.gather(r, shards), plan.scores[r], plan.ok[r])
         stats: dict[str, list[float]] = defaultdict(list)
         for mini in mini_batches(len(rollout.batch), self.algo.ppo_epochs, self.algo.mini_batches):
             self._ppo_step(rollout, mini, stats)
         self.policy.step += 1
-        metrics = {**mean_stats(stats), **plan.metrics}
+        metrics = {**mean_stats(stats), **plan.metrics, **self.forwards.metrics()}
         metrics["kl"] = 0.0 if kl_BT is None else global_mean(kl_BT, rollout.batch.loss_mask_BR)
         return metrics
 
     def _rollout(self, mine: RolloutBatch, scores_B: torch.Tensor,
                  ok_B: torch.Tensor) -> tuple[_Rollout, torch.Tensor | None]:
         """Old log-probs and values, the per-token KL to the reference, and (whitened) GAE of this rank's rows."""
-        a, mbs, ref = self.algo, self.cfg.micro_batch_size, self.policy.ref
+        a, mbs, ref, fw = self.algo, self.cfg.micro_batch_size, self.policy.ref, self.forwards
         mine.response_mask_BR = mine.response_mask_BR * ok_B.long().unsqueeze(1)
         mask = mine.response_mask_BR
-        old_logp = no_grad_rows(lambda part: response_logprobs(self.policy.model, part, a.temperature), mine, mbs)
-        old_values = no_grad_rows(lambda part: response_values(self.critic.module, part), mine, mbs)
-        ref_logp = None if ref is None else no_grad_rows(lambda part: response_logprobs(ref, part, a.temperature),
-                                                         mine, mbs)
+        # One epoch of one mini-batch with no reference: the old log-probs are the training pass's own, detached
+        # (`_ppo_step`), so no separate no-grad pass. With a reference they feed the KL before the epochs start.
+        on_policy = a.ppo_epochs == 1 and a.mini_batches == 1 and ref is None
+        old_logp = None if on_policy else no_grad_rows(lambda part: fw.logprobs(self.policy.model, part), mine, mbs)
+        old_values = no_grad_rows(lambda part: fw.values(self.critic.module, part), mine, mbs)
+        ref_logp = None if ref is None else no_grad_rows(lambda part: fw.logprobs(ref, part), mine, mbs)
         # KL only where the policy acted (the loss mask); env/tool tokens are steps with no action of its own.
-        kl_BT = None if ref_logp is None else kl_penalty(old_logp, ref_logp, a.kl_kind) * mine.loss_mask_BR
+        kl_BT = None if ref_logp is None or old_logp is None else (
+            kl_penalty(old_logp, ref_logp, a.kl_kind) * mine.loss_mask_BR)
         token_r = token_rewards(scores_B, mask, kl_BT if a.kl_in_reward else None, a.kl_coef)
         adv, ret = token_gae(token_r, old_values, mask, a.gamma, a.lam)
         if a.whiten_advantages:
@@ -114,10 +120,12 @@ class PPOLearner:
         for mb in chunks_of(rows, self.cfg.micro_batch_size):
             part = batch.select(mb)
             m = part.loss_mask_BR
-            logp = response_logprobs(self.policy.model, part, a.temperature)
-            pg_BT, clipped_BT = clipped_policy_terms(logp, ro.old_logp[mb], ro.adv[mb], a.clip_low, a.clip_high)
+            logp = self.forwards.logprobs(self.policy.model, part)
+            old = logp.detach() if ro.old_logp is None else ro.old_logp[mb]
+            pg_BT, clipped_BT = clipped_policy_terms(logp, old, ro.adv[mb], a.clip_low, a.clip_high)
+            pg_BT, off_policy = off_policy_correction(pg_BT, old, part.logprobs_BR, a.tis_cap or 0.0, m, actions)
             pg = aggregate(pg_BT, m, "token-mean", token_count=actions)
-            values = response_values(self.critic.module, part)
+            values = self.forwards.values(self.critic.module, part)
             vf = aggregate(clipped_value_terms(values, ro.old_values[mb], ro.ret[mb], a.value_clip),
                            part.response_mask_BR, "token-mean", token_count=steps)
             loss = pg + a.vf_coef * vf
@@ -129,6 +137,8 @@ class PPOLearner:
             totals["vf_loss"] += float(vf.detach())
             totals["loss"] += float(loss.detach())
             totals["clip_frac"] += float(aggregate(clipped_BT, m, "token-mean", token_count=actions))
+            for k, v in off_policy.items():
+                totals[k] += v
         for k, v in {**totals, **self.policy.optimizer_step()}.items():
             stats[k].append(v)
         stats["critic_grad_norm"].append(self.critic.step()["grad_norm"])

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 from toolbox.config.algorithm import AlgorithmConfig
 from toolbox.core.errors import ConfigError
-from toolbox.models.mlp import PolicyConfig
+from toolbox.models.mlp import PolicyConfig, SpaceSpec
 
 if TYPE_CHECKING:
     from toolbox.config.schema import ExperimentConfig
@@ -65,7 +65,24 @@ class PPOEnvConfig(AlgorithmConfig):
                 f"training step must split evenly over learner.num_workers={lr.num_workers} ranks into "
                 f"algorithm.minibatches={self.minibatches} minibatches"
             )
-        check_env(exp.env)  # an unknown id or an unsupported space fails here, before any actor starts
+        check_policy(check_env(exp.env), self.policy, exp.env.id)  # unknown ids, unsupported spaces fail here
+
+
+def check_policy(spec: SpaceSpec, policy: PolicyConfig, env_id: str) -> None:
+    """A `ConfigError` when the policy's encoder cannot read the env's observations (a CNN on a vector, an image
+    too small for its kernels)."""
+    from toolbox.models.cnn import conv_output_hw, image_layout
+
+    if policy.encoder != "cnn":
+        return
+    try:
+        _, h, w = image_layout(spec.obs_shape, policy.cnn)
+    except ValueError as err:
+        raise ConfigError(f"algorithm.policy.encoder=cnn: env.id={env_id}: {err}; use encoder 'mlp'") from None
+    try:
+        conv_output_hw(h, w, policy.cnn)
+    except ValueError as err:
+        raise ConfigError(f"algorithm.policy.cnn: env.id={env_id} has {h}x{w} images: {err}") from None
 
 
 # Why ppo_env has no use for each LLM worker section, and where its counterpart lives.

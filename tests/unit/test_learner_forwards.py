@@ -1,0 +1,175 @@
+"""The RL learners' forwards (`toolbox.learner.packed`, no Ray): packed rows give the padded numbers, no forward is
+wasted, and packed ranks dealt by tokens make the update of one rank.
+
+Not covered: packing on GPU attention kernels (tests/gpu), multi-turn rows (their masks are prefixes too).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tests.unit.learner_steps import online_step, spawn_two_gloo_ranks
+from toolbox.algorithms.grpo.config import GRPOConfig
+from toolbox.algorithms.grpo.learner import GRPOLearner
+from toolbox.algorithms.ppo.config import PPOConfig
+from toolbox.algorithms.ppo.learner import PPOLearner
+from toolbox.learner.config import LearnerConfig
+from toolbox.learner.packed import RowForwards, balanced_shares, pack_rows
+from toolbox.rewards.base import RewardResult
+from toolbox.rl.batch import RolloutBatch
+
+ROWS, PROMPT, RESPONSE = 8, 6, 7
+
+
+def _batch(seed: int = 0, rows: int = ROWS, vocab: int = 12) -> RolloutBatch:
+    """Prompts of 2..PROMPT tokens (left-padded), responses of 1..RESPONSE (right-padded), groups of 2."""
+    gen = torch.Generator().manual_seed(seed)
+    p = torch.randint(2, PROMPT + 1, (rows,), generator=gen)
+    r = torch.randint(1, RESPONSE + 1, (rows,), generator=gen)
+    pm = (torch.arange(PROMPT) >= PROMPT - p[:, None]).long()
+    rm = (torch.arange(RESPONSE) < r[:, None]).long()
+    return RolloutBatch(torch.randint(3, vocab, (rows, PROMPT), generator=gen) * pm, pm,
+                        torch.randint(3, vocab, (rows, RESPONSE), generator=gen) * rm, rm, torch.zeros(rows, RESPONSE),
+                        torch.arange(rows) // 2, torch.zeros(rows, dtype=torch.long))
+
+
+def _rewards(rows: int = ROWS) -> RewardResult:
+    return RewardResult(torch.tensor([1.0, 0.0] * (rows // 2)), torch.zeros(rows, dtype=torch.long), [""] * rows)
+
+
+def _grpo(model_dir: Path, packing: bool, strategy: str = "single", workers: int = 1, **algo: object) -> GRPOLearner:
+    cfg = LearnerConfig(num_workers=workers, strategy=strategy, device="cpu", micro_batch_size=2, packing=packing,
+                        optim={"lr": 1e-3, "scheduler": "constant", "max_grad_norm": 100.0})
+    torch.manual_seed(0)
+    return GRPOLearner(str(model_dir), "float32", cfg, GRPOConfig(prompts_per_step=ROWS // 2, group_size=2, **algo),
+                       total_steps=3)
+
+
+def _count_forwards(module: nn.Module) -> list[int]:
+    calls = [0]
+    module.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def test_packed_rows_give_the_padded_logprobs_and_values(tiny_model_dir: Path) -> None:
+    learner = PPOLearner(str(tiny_model_dir), "float32", LearnerConfig(num_workers=1, strategy="single"),
+                         PPOConfig(prompts_per_step=ROWS), total_steps=1)
+    with torch.no_grad():
+        learner.critic.module.head.weight.normal_()  # a zero head would make every value 0 either way
+    batch = _batch()
+    batch.response_mask_BR[5] = 0  # a row out of the loss (an errored sample): packing leaves it out
+    padded, packed = RowForwards(False, 0.7), RowForwards(True, 0.7)
+    torch.testing.assert_close(packed.logprobs(learner.policy.model, batch),
+                               padded.logprobs(learner.policy.model, batch), atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed.values(learner.critic.module, batch), padded.values(learner.critic.module, batch),
+                               atol=1e-5, rtol=0)
+    real = int(batch.prompt_mask_BP.sum() + batch.response_mask_BR.sum())
+    assert padded.real == 2 * real and packed.real == 2 * (real - int(batch.prompt_mask_BP[5].sum()))
+    assert packed.slots < padded.slots == 2 * ROWS * (PROMPT + RESPONSE)
+    # Every response token is read where it is predicted, and the packed rows hold only the rows' real tokens.
+    rows = pack_rows(batch)
+    assert len(rows.labels_N) == int(batch.response_mask_BR.sum())
+    assert int((rows.inputs.doc_ids_BT > 0).sum()) == packed.real // 2 and rows.inputs.documents() == ROWS - 1
+
+
+def test_packing_refuses_a_response_mask_with_holes() -> None:
+    batch = _batch()
+    batch.response_mask_BR[3] = torch.tensor([1, 0, 1, 0, 0, 0, 0])
+    with pytest.raises(ValueError, match=r"response rows \[3\] have a response_mask that is not a prefix"):
+        pack_rows(batch)
+
+
+def test_balanced_shares_deal_equal_rows_and_about_equal_tokens() -> None:
+    batch = _batch(rows=16)
+    lengths = batch.prompt_mask_BP.sum(1) + batch.response_mask_BR.sum(1)
+    shares = balanced_shares(batch, 2)
+    assert [len(s) for s in shares] == [8, 8]
+    assert sorted(torch.cat(shares).tolist()) == list(range(16))
+    assert all(torch.equal(s, s.sort().values) for s in shares)
+    sums = [int(lengths[s].sum()) for s in shares]
+    assert abs(sums[0] - sums[1]) <= int(lengths.max()), sums
+    assert torch.equal(balanced_shares(batch, 1)[0], torch.arange(16))  # one rank: the plan is unchanged
+    with pytest.raises(ValueError, match="16 rows does not split evenly over 3 learner ranks"):
+        balanced_shares(batch, 3)
+
+
+@pytest.mark.parametrize("minis, kl, policy_forwards", [(1, 0.0, 4), (2, 0.0, 4 + 4), (1, 0.1, 4)])
+def test_grpo_runs_no_wasted_forward(tiny_model_dir: Path, minis: int, kl: float, policy_forwards: int) -> None:
+    """8 rows in micro-batches of 2: one training forward per micro-batch; the old log-probs' no-grad pass only
+    when there is more than one optimizer step per update; the reference only with a KL term."""
+    learner = _grpo(tiny_model_dir, packing=False, mini_batches=minis, kl_coef=kl)
+    calls = _count_forwards(learner.policy.model)
+    assert (learner.policy.ref is None) == (kl == 0)
+    ref_calls = None if learner.policy.ref is None else _count_forwards(learner.policy.ref)
+    online_step(learner, [_batch()], [_rewards()])
+    assert calls[0] == policy_forwards
+    assert ref_calls is None or ref_calls[0] == 4
+
+
+def test_ppo_takes_old_logprobs_from_the_training_pass_with_one_epoch(tiny_model_dir: Path) -> None:
+    cfg = LearnerConfig(num_workers=1, strategy="single", micro_batch_size=2)
+    learner = PPOLearner(str(tiny_model_dir), "float32", cfg, PPOConfig(prompts_per_step=ROWS, kl_coef=0.0, ppo_epochs=1),
+                         total_steps=1)
+    policy, critic = _count_forwards(learner.policy.model), _count_forwards(learner.critic.module)
+    online_step(learner, [_batch()], [_rewards()])
+    assert learner.policy.ref is None
+    assert policy[0] == 4, "a no-grad pass for the old log-probs came back"
+    assert critic[0] == 8  # old values (GAE needs them before the loss) + the training pass
+
+
+def test_packing_does_not_change_the_grpo_update(tiny_model_dir: Path) -> None:
+    padded, packed = (_grpo(tiny_model_dir, packing, kl_coef=0.1, mini_batches=2)
+                      for packing in (False, True))
+    m_pad = online_step(padded, [_batch()], [_rewards()])
+    m_pack = online_step(packed, [_batch()], [_rewards()])
+    for key in ("loss", "pg_loss", "kl", "clip_frac", "grad_norm"):
+        assert m_pack[key] == pytest.approx(m_pad[key], rel=1e-4, abs=1e-6), key
+    assert m_pack["pad_frac"] < m_pad["pad_frac"]
+    a, b = padded.policy.full_state_dict(), packed.policy.full_state_dict()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], atol=1e-5, rtol=0)
+
+
+def _packed_rank(rank: int, model_dir: str, init_method: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
+    try:
+        learner = _grpo(Path(model_dir), True, strategy="fsdp2", workers=2)
+        shards, results = _batch(rows=2 * ROWS).split(2), [_rewards(), _rewards()]
+        plan = learner.plan(shards, results)  # every rank plans alike (rank 0 alone does in a run)
+        metrics = learner.update(plan, {i: shards[i] for i in plan.shards_for(rank)})
+        state = learner.policy.full_state_dict()
+        if rank == 0:
+            torch.save(state, Path(out).with_suffix(".pt"))
+            Path(out).write_text(json.dumps({"metrics": metrics, "rows": [r.tolist() for r in plan.rank_rows]}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_packed_ranks_dealt_by_tokens_make_the_one_rank_update(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ranks.json"
+    spawn_two_gloo_ranks(_packed_rank, tiny_model_dir, out)
+    got = json.loads(out.read_text())
+    assert got["rows"] != [list(range(ROWS)), list(range(ROWS, 2 * ROWS))], "the rows were not dealt by tokens"
+    one = _grpo(tiny_model_dir, packing=False)
+    metrics = online_step(one, [_batch(rows=2 * ROWS)], [RewardResult.concat([_rewards(), _rewards()])])
+    for key in ("grad_norm", "reward"):  # the loss metric is rank 0's share
+        assert got["metrics"][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
+    two = torch.load(out.with_suffix(".pt"))
+    for name, value in one.policy.full_state_dict().items():
+        torch.testing.assert_close(two[name], value, atol=1e-5, rtol=0)
+
+
+def test_learner_step_bench_times_both_sides(monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolbox.bench import learner_step
+
+    monkeypatch.setitem(learner_step.CASES, "nano", learner_step.Case((16, 1, 2, 1, 32), 16, 4, 2, (2, 4), (1, 6), 4, 0.0))
+    got = learner_step.measure("nano", rounds=1, steps=1)
+    assert got["padded_s"] > 0 and got["packed_s"] > 0
+    assert got["pad_frac_packed"] < got["pad_frac_padded"]

@@ -1,0 +1,211 @@
+"""GRPO against TRL: the same models, prompts, reward and hyper-parameters; each side in a fresh process.
+
+``python -m toolbox.bench grpo --vs trl [--model small|medium|both] [--rounds 2] [--steps 8] [--out FILE]``
+
+Fairness, point by point:
+
+- **Model and tokenizer**: one directory per model (`toolbox.bench._bpe_models`), loaded by both.
+- **Prompts**: toolbox's own prompt sequence (``PromptSource`` of the digit_add task, seed 0) is decoded
+  to text and given to TRL as an unshuffled dataset, so step k of both sees the same 2 prompts x 4 samples.
+- **Reward**: the same registered reward (``weighted_sum`` of ``math`` and a ``format`` term, `REWARD`),
+  called by TRL through a reward function.
+- **Length**: every completion is exactly ``--new-tokens`` long on both sides: toolbox samples with
+  ``stop_at_eos=false``, TRL with ``min_new_tokens = max_completion_length``. Tokens/s counts the tokens
+  each side reports it produced (TRL's ``completion_ids``, toolbox's ``response_len``), so a mismatch would
+  show there rather than hide.
+- **Optimisation**: fp32, KL off (``beta=0``), one PPO epoch, AdamW at constant lr 1e-4, clip 1.0,
+  temperature 1, top-p 1.
+- **Timing**: only the training steps after ``--warmup`` untimed ones (model load, Ray start-up and the
+  first weight sync excluded): TRL from the end of the last warm-up step to the end of the last step,
+  toolbox the sum of its ``step_time_s``. Toolbox's start-up is reported separately.
+- **Memory**: the peak PSS of each side's whole process tree (TRL's one process; toolbox's driver, Ray
+  daemons and actors), sampled once a second (`toolbox.bench._memory`).
+- **CPU**: the CPU seconds (user + system) of each side's process tree over the timed steps, and
+  completions per CPU second: on a shared, loaded machine the steadier figure (it counts the work done,
+  not the waiting for cores; it also leaves out a side's own idle waits, which wall time charges).
+- **Order**: the sides alternate (who goes first flips each round); the ratio is toolbox's mean
+  completions/s over TRL's, rounds of one invocation only.
+
+The time split: TRL's generate and reward are timed by wrapping ``model.generate`` and the reward
+function, the rest of its step is "train"; toolbox's phases are timed by the workers (they may overlap).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+PHASES = ("generate_s", "reward_s", "train_s", "sync_s")
+TASK = {"name": "digit_add", "max_operand": 99}
+# Correct sum (1) plus a shaping term (0.2) for starting with a digit: a random model never gets the sum right,
+# and the shaping keeps rewards varying within groups, so advantages are not all zero (real gradient work).
+REWARD = {"name": "weighted_sum", "weights": [1.0, 0.2],
+          "components": [{"name": "math", "which": "first"}, {"name": "format", "pattern": r"(?s)\d.*"}]}
+# toolbox's best settings for a 2-core machine, measured with this benchmark (docs/benchmarks.md): one torch
+# thread per actor, two of each role (each rank gets 4 of the 8 rows). Against 1 rollout worker and 1 `single`
+# rank with 2 threads each, it used 1/17 of the CPU per step on the shared machine (no OpenMP spin-waits).
+BEST_2CPU = ["rollout.num_workers=2", "rollout.torch_threads=1", "reward.num_workers=2", "learner.num_workers=2",
+             "learner.strategy=fsdp2", "learner.torch_threads=1", "learner.micro_batch_size=4"]
+
+
+def toolbox_overrides(model_dir: str, sizes: dict[str, Any], settings: list[str]) -> list[str]:
+    """The GRPO run the benchmark compares, on ``model_dir``, with ``settings`` (parallelism) on top."""
+    return [f"model.path={model_dir}", "model.tiny=null", f"task={json.dumps(TASK)}", f"reward.spec={json.dumps(REWARD)}",
+            f"rollout.sampling.max_new_tokens={sizes['new_tokens']}", "rollout.sampling.temperature=1.0",
+            "rollout.sampling.top_p=1.0", "rollout.sampling.stop_at_eos=false",
+            f"algorithm.prompts_per_step={sizes['prompts']}", f"algorithm.group_size={sizes['group']}",
+            "algorithm.kl_coef=0.0", f"learner.optim.lr={sizes['lr']}", "learner.optim.scheduler=constant",
+            "learner.optim.warmup_steps=0", f"learner.micro_batch_size={sizes['prompts'] * sizes['group']}",
+            "trainer.seed=0", *settings]
+
+
+def prompt_rows(model_dir: str, sizes: dict[str, Any], steps: int) -> list[dict[str, str]]:
+    """Every step's prompts as toolbox draws them (one row per group), decoded to text for TRL."""
+    from toolbox.data.prompts import PromptSource
+    from toolbox.data.tasks import TASKS
+    from toolbox.models.loading import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    source = PromptSource(TASKS.build(TASK), tok, seed=0)
+    rows = []
+    for step in range(steps):
+        requests = source.step(step, sizes["prompts"], sizes["group"])
+        for first in requests[:: sizes["group"]]:
+            rows.append({"prompt": tok.decode(first.ids, skip_special_tokens=True), "answer": first.extras["answer"]})
+    return rows
+
+
+def summarize(step_s: list[float], phases: dict[str, list[float]], completions_per_step: int,
+              tokens: float, cpu_s: float | None = None) -> dict[str, float]:
+    """Throughput and mean per-step time split of the timed steps: ``step_s`` their durations, ``phases`` each
+    phase's seconds per step, ``tokens`` the completion tokens they produced, ``cpu_s`` the CPU seconds the
+    side's process tree used meanwhile. ``other_s`` is what the phases leave of a step (negative when they
+    overlap)."""
+    total = sum(step_s)
+    if not step_s or total <= 0:
+        raise ValueError("no timed steps to summarize (is --steps at least 1?)")
+    out = {"steps": float(len(step_s)), "completions_per_s": completions_per_step * len(step_s) / total,
+           "tokens_per_s": tokens / total, "step_s": total / len(step_s)}
+    for name in PHASES:
+        out[name] = fmean(phases[name]) if phases.get(name) else 0.0
+    out["other_s"] = out["step_s"] - sum(out[p] for p in PHASES)
+    if cpu_s is not None:
+        out["cpu_s"] = cpu_s / len(step_s)
+        out["completions_per_cpu_s"] = completions_per_step * len(step_s) / cpu_s
+    return out
+
+
+def window(marks: list[float], warmup: int) -> float | None:
+    """``marks[-1] - marks[warmup - 1]``: a counter's growth over the steps after warm-up (None without marks)."""
+    if warmup < 1 or len(marks) <= warmup:
+        return None
+    return marks[-1] - marks[warmup - 1]
+
+
+def trl_summary(raw: dict[str, Any], warmup: int, completions_per_step: int) -> dict[str, float]:
+    """`summarize` of a TRL run's step ends, wrapped phase timings and completion lengths."""
+    ends = raw["ends"]
+    if warmup < 1 or len(ends) <= warmup:
+        raise ValueError(f"TRL ran {len(ends)} steps; the benchmark needs at least one warm-up and one timed step")
+    step_s = [b - a for a, b in zip(ends[warmup - 1 : -1], ends[warmup:])]
+    phases = {k: v[warmup:] for k, v in raw["phases"].items()}
+    phases["train_s"] = [s - sum(v[i] for v in phases.values()) for i, s in enumerate(step_s)]
+    tokens = float(sum(raw["tokens"][warmup * completions_per_step :]))
+    return {**summarize(step_s, phases, completions_per_step, tokens, window(raw.get("cpu", []), warmup)),
+            "peak_pss_mib": raw["peak_pss_mib"]}
+
+
+def toolbox_summary(history: list[dict[str, float]], warmup: int, rows_per_step: int,
+                    step_cpu_s: list[float] | None = None) -> dict[str, float]:
+    """`summarize` of toolbox's step metrics (``step_time_s``, worker-timed phases, ``response_len``) and the
+    process tree's CPU seconds at each step's end."""
+    timed = history[warmup:]
+    phases = {p: [m.get(p, 0.0) for m in timed] for p in PHASES}
+    tokens = sum(m["response_len"] * rows_per_step for m in timed)
+    return summarize([m["step_time_s"] for m in timed], phases, rows_per_step, tokens,
+                     window(step_cpu_s or [], warmup))
+
+
+def ratio(toolbox: list[dict[str, float]], trl: list[dict[str, float]], key: str = "completions_per_s") -> float:
+    """toolbox's mean ``key`` over TRL's, across the rounds of one invocation."""
+    return fmean(r[key] for r in toolbox) / fmean(r[key] for r in trl)
+
+
+def run_side(spec: dict[str, Any], log_dir: str) -> dict[str, Any]:
+    """Run one side in a fresh interpreter (``python -m toolbox.bench._grpo_vs_trl SPEC OUT``) and read its result.
+    A failed side raises with the tail of its log."""
+    name = f"{spec['model']}-{spec['side']}-{spec['round']}"
+    spec_path, out_path, log_path = (Path(log_dir) / f"{name}.{ext}" for ext in ("spec.json", "out.json", "log"))
+    spec_path.write_text(json.dumps(spec))
+    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    with open(log_path, "w") as log:
+        done = subprocess.run([sys.executable, "-m", "toolbox.bench._grpo_vs_trl", str(spec_path), str(out_path)],
+                              stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+    if done.returncode != 0:
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-30:])
+        raise RuntimeError(f"bench grpo: the {spec['side']} side ({spec['model']}, round {spec['round']}) exited "
+                           f"with {done.returncode}; log {log_path}:\n{tail}")
+    return json.loads(out_path.read_text())
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """In the fresh process: run ``spec['side']`` and summarise it."""
+    import torch
+
+    sizes, warmup, steps = spec["sizes"], spec["warmup"], spec["steps"]
+    per_step = sizes["prompts"] * sizes["group"]
+    if spec["side"] == "trl":
+        from toolbox.bench._grpo_trl import run_trl
+
+        torch.set_num_threads(spec["trl_threads"])
+        raw = run_trl(spec["model_dir"], spec["rows"], REWARD, sizes)
+        return trl_summary(raw, warmup, per_step)
+    from toolbox.bench._grpo_run import run_experiment
+
+    run = run_experiment(toolbox_overrides(spec["model_dir"], sizes, spec["settings"]), steps, warmup)
+    return {**toolbox_summary(run.history, warmup, run.rows_per_step, run.step_cpu_s), "peak_pss_mib": run.peak_pss_mib,
+            "startup_s": run.startup.get("first_step_s", 0.0), "settings": run.settings,
+            **{f"startup_{k}": v for k, v in run.startup.items()}}
+
+
+def compare(args: Any) -> dict[str, Any]:
+    """Build each model, run the sides alternately for ``args.rounds`` rounds, print and return the results."""
+    from transformers.utils import logging as hf_logging
+
+    from toolbox.bench._bpe_models import build_model
+    from toolbox.bench._grpo_report import print_report
+
+    hf_logging.disable_progress_bar()
+    sizes = {"prompts": 2, "group": 4, "new_tokens": args.new_tokens, "lr": 1e-4}
+    models = ["small", "medium"] if args.model == "both" else [args.model]
+    settings = BEST_2CPU + list(args.overrides)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-grpo-trl-") as root:
+        logs = args.logs or root
+        for model in models:
+            model_dir = build_model(root, model)
+            base = {"model": model, "model_dir": model_dir, "sizes": sizes, "steps": args.steps,
+                    "warmup": args.warmup, "settings": settings, "trl_threads": args.trl_threads,
+                    "rows": prompt_rows(model_dir, sizes, args.steps + args.warmup)}
+            runs: dict[str, list[dict[str, Any]]] = {"toolbox": [], "trl": []}
+            for r in range(args.rounds):
+                for side in (("trl", "toolbox") if r % 2 == 0 else ("toolbox", "trl")):
+                    runs[side].append(run_side({**base, "side": side, "round": r}, logs))
+            results[model] = {**runs, "ratio": ratio(runs["toolbox"], runs["trl"]),
+                              "ratio_tokens": ratio(runs["toolbox"], runs["trl"], "tokens_per_s"),
+                              "ratio_cpu": ratio(runs["toolbox"], runs["trl"], "completions_per_cpu_s")}
+            print_report(model, results[model], args)
+    return results
+
+
+if __name__ == "__main__":
+    spec_file, out_file = sys.argv[1:3]
+    result = child(json.loads(Path(spec_file).read_text()))
+    Path(out_file).write_text(json.dumps(result))
