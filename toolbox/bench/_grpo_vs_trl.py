@@ -47,11 +47,13 @@ TASK = {"name": "digit_add", "max_operand": 99}
 # and the shaping keeps rewards varying within groups, so advantages are not all zero (real gradient work).
 REWARD = {"name": "weighted_sum", "weights": [1.0, 0.2],
           "components": [{"name": "math", "which": "first"}, {"name": "format", "pattern": r"(?s)\d.*"}]}
-# toolbox's best settings for a 2-core machine, measured with this benchmark (docs/benchmarks.md): one torch
-# thread per actor, two of each role (each rank gets 4 of the 8 rows). Against 1 rollout worker and 1 `single`
-# rank with 2 threads each, it used 1/17 of the CPU per step on the shared machine (no OpenMP spin-waits).
-BEST_2CPU = ["rollout.num_workers=2", "rollout.torch_threads=1", "reward.num_workers=2", "learner.num_workers=2",
-             "learner.strategy=fsdp2", "learner.torch_threads=1", "learner.micro_batch_size=4"]
+# toolbox's best settings for a 2-core machine, measured with this benchmark on a quiet machine (load < 3,
+# docs/benchmarks.md): one rollout worker and one `single` learner rank with 2 torch threads each, packed rows.
+# 0.75x TRL on "small" against 0.57x for two of each role with 1 thread (FSDP2 over gloo on 2 cores costs more
+# than it shares), and start-up 16 s instead of 26 s. (On a loaded machine the 2-thread actors lose: OpenMP
+# threads spin-wait for cores other jobs hold.)
+BEST_2CPU = ["rollout.num_workers=1", "rollout.torch_threads=2", "reward.num_workers=1", "learner.num_workers=1",
+             "learner.strategy=single", "learner.torch_threads=2", "learner.micro_batch_size=8", "learner.packing=true"]
 
 
 def toolbox_overrides(model_dir: str, sizes: dict[str, Any], settings: list[str]) -> list[str]:
