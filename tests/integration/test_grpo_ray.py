@@ -44,34 +44,58 @@ def test_three_steps_then_rollout_weights_equal_learner_bit_for_bit(ray_session:
         builder.shutdown()
 
 
-def _driver_bytes_per_step(tmp_path: Path, prompts_per_step: int, monkeypatch: pytest.MonkeyPatch) -> int:
-    """Serialized bytes of everything the driver fetched from workers during training steps."""
+def _driver_fetches(tmp_path: Path, prompts_per_step: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[int]]:
+    """Serialized bytes of everything the driver fetched from workers during 2 training steps, and the driver's
+    waits inside each step (generate -> score -> plan -> update -> export -> load weights chain by ref)."""
+    from toolbox.actors.group import RayWaiter
+
     received: list[int] = []
-    original = ray.get
+    waits: list[int] = []  # per training step: the driver's waits inside it
+    in_step = [False]
+    original_get, original_wait = ray.get, RayWaiter.wait
 
     def counting_get(refs: Any, *args: Any, **kwargs: Any) -> Any:
-        values = original(refs, *args, **kwargs)
+        values = original_get(refs, *args, **kwargs)
         received.append(len(ray.cloudpickle.dumps(values)))
         return values
 
+    def counting_wait(self: RayWaiter, pendings: Any) -> None:
+        if in_step[0]:
+            waits[-1] += 1
+        original_wait(self, pendings)
+
     builder, trainer = build(tmp_path, f"algorithm.prompts_per_step={prompts_per_step}", "trainer.total_steps=2",
                              "rollout.sampling.max_new_tokens=8", "trainer.log_samples_every=0")
+    train_step = trainer.train_step
+
+    def step(n: int) -> dict[str, float]:
+        waits.append(0)
+        in_step[0] = True
+        try:
+            return train_step(n)
+        finally:
+            in_step[0] = False
+
+    monkeypatch.setattr(trainer, "train_step", step)
+    monkeypatch.setattr(RayWaiter, "wait", counting_wait)
     try:
         monkeypatch.setattr(ray, "get", counting_get)  # every fetch of the driver goes through ray.get
         trainer.fit()
     finally:
-        monkeypatch.setattr(ray, "get", original)
+        monkeypatch.setattr(ray, "get", original_get)
         builder.shutdown()
-    return sum(received)
+    return sum(received), waits
 
 
-def test_driver_does_not_hold_rollout_batches(ray_session: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    small = _driver_bytes_per_step(tmp_path / "small", 8, monkeypatch)
-    large = _driver_bytes_per_step(tmp_path / "large", 64, monkeypatch)
+def test_driver_waits_once_per_step_and_does_not_hold_rollout_batches(ray_session: None, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    small, small_waits = _driver_fetches(tmp_path / "small", 8, monkeypatch)
+    large, large_waits = _driver_fetches(tmp_path / "large", 64, monkeypatch)
     # 64 prompts x 8 samples x (prompt + 8 response tokens) would be >100 kB of tensors; the driver
     # only sees refs and metric dicts, whose size does not depend on the batch. (Recorded samples are off here:
     # they are a fixed number of rows, but their decoded text varies in length from run to run.)
     assert large - small < 4_000, (small, large)
+    assert small_waits == large_waits == [1, 1]
 
 
 class Sleeper:
@@ -115,35 +139,3 @@ def test_dead_worker_raises_naming_role_and_rank(ray_session: None) -> None:
             group.call("nap", [(0.0,), (0.0,)])
     finally:
         group.shutdown()
-
-
-def test_one_driver_wait_per_grpo_step(ray_session: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Generate -> score -> plan -> update -> export -> load weights chain by ref: the driver waits once a step."""
-    from toolbox.actors.group import RayWaiter
-
-    waits: list[int] = []  # per training step: the driver's waits inside it
-    in_step = [False]
-    original = RayWaiter.wait
-    builder, trainer = build(tmp_path, "trainer.total_steps=3", "algorithm.prompts_per_step=8")
-    step_calls = trainer.train_step
-
-    def counted(self: RayWaiter, pendings: Any) -> None:
-        if in_step[0]:
-            waits[-1] += 1
-        original(self, pendings)
-
-    def step(n: int) -> dict[str, float]:
-        waits.append(0)
-        in_step[0] = True
-        try:
-            return step_calls(n)
-        finally:
-            in_step[0] = False
-
-    monkeypatch.setattr(RayWaiter, "wait", counted)
-    monkeypatch.setattr(trainer, "train_step", step)
-    try:
-        trainer.fit()
-    finally:
-        builder.shutdown()
-    assert waits == [1, 1, 1]

@@ -64,19 +64,23 @@ def restarts(run_dir: Path) -> list[int]:
     return out
 
 
-def interrupt_when_a_trial_is_done(sweeps: Path) -> threading.Thread:
-    """SIGUSR1 to this process (Tune's interrupt, as Ctrl+C) once Tune has a first trial done (finished or
-    stopped by ASHA); the other running trial is then mid-run with checkpoints."""
+def interrupt_when_a_trial_is_done(sweeps: Path, trials: int, concurrent: int) -> threading.Thread:
+    """SIGUSR1 to this process (Tune's interrupt, as Ctrl+C) once Tune has a trial done (finished or stopped by
+    ASHA) *and stopped*; the other running trial is then mid-run with checkpoints.
+
+    ``result.json`` says done as soon as Tune has the result, but the trial's status (what Tune's state
+    snapshot keeps) turns TERMINATED only once its actor has stopped; an interrupt in between runs the trial
+    again on resume. A freed slot is the proof: Tune starts a waiting trial only after a running one stopped,
+    so the watcher waits until ``concurrent + done`` trials have started (or all of them have)."""
     def watch() -> None:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            if any(done for d in sweeps.glob("*") for done, _ in tune_trials(d).values()):
-                # result.json says done as soon as Tune has the result; the trial's status (what the state
-                # snapshot keeps) turns TERMINATED only once its actor has stopped. Interrupting in between
-                # runs the trial again on resume (seen once in ~10 runs), so give the stop a moment.
-                time.sleep(1.0)
-                os.kill(os.getpid(), signal.SIGUSR1)
-                return
+            for d in sweeps.glob("*"):
+                states = tune_trials(d)
+                done = sum(1 for is_done, _ in states.values() if is_done)
+                if done and len(states) >= min(trials, concurrent + done):
+                    os.kill(os.getpid(), signal.SIGUSR1)
+                    return
             time.sleep(0.05)
 
     thread = threading.Thread(target=watch, daemon=True)
@@ -100,7 +104,7 @@ def test_asha_sweep_stops_trials_early_survives_an_interrupt_and_resumes(ray_ses
         "param_space:\n  rollout.sampling.max_new_tokens: {grid: [4, 3, 2, 1]}\n"
     )
     args = [f"sweep={sweep}", f"trainer.run_root={tmp_path / 'out'}"]
-    watcher = interrupt_when_a_trial_is_done(tmp_path / "out" / "sweeps")
+    watcher = interrupt_when_a_trial_is_done(tmp_path / "out" / "sweeps", trials=4, concurrent=2)
     assert main(args) == INTERRUPTED
     watcher.join(timeout=1)
     (sweep_dir,) = (tmp_path / "out" / "sweeps").iterdir()
