@@ -40,6 +40,8 @@ def records(path: Path) -> list[Any]:
             pos += room
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos:pos + RECORD_HEADER])
+        if pos + RECORD_HEADER + length > len(data):  # read while wandb-core writes: the tail is not out yet
+            break
         pending += data[pos + RECORD_HEADER:pos + RECORD_HEADER + length]
         pos += RECORD_HEADER + length
         if kind in (FULL, LAST):
