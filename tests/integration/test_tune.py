@@ -64,23 +64,26 @@ def restarts(run_dir: Path) -> list[int]:
     return out
 
 
-def interrupt_when_a_trial_is_done(sweeps: Path, trials: int, concurrent: int) -> threading.Thread:
-    """SIGUSR1 to this process (Tune's interrupt, as Ctrl+C) once Tune has a trial done (finished or stopped by
-    ASHA) *and stopped*; the other running trial is then mid-run with checkpoints.
+def ended_trials(sweep_dir: Path) -> set[str]:
+    """Trial ids the sweep's own record (``ended.json``, written in Tune's ``on_trial_complete``) holds."""
+    path = sweep_dir / "ended.json"
+    return set(json.loads(path.read_text())) if path.exists() else set()
+
+
+def interrupt_when_a_trial_is_done(sweeps: Path) -> threading.Thread:
+    """SIGUSR1 to this process (Tune's interrupt, as Ctrl+C) once a trial has ended (finished or stopped by
+    ASHA); the other running trial is then mid-run with checkpoints.
 
     ``result.json`` says done as soon as Tune has the result, but the trial's status (what Tune's state
-    snapshot keeps) turns TERMINATED only once its actor has stopped; an interrupt in between runs the trial
-    again on resume. A freed slot is the proof: Tune starts a waiting trial only after a running one stopped,
-    so the watcher waits until ``concurrent + done`` trials have started (or all of them have)."""
+    snapshot keeps) turns TERMINATED later, after its checkpoint is saved; an interrupt in between runs the
+    trial again on resume. Tune calls ``on_trial_complete`` (which writes ``ended.json``) in the same
+    controller step that sets TERMINATED, and handles an interrupt only between steps."""
     def watch() -> None:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            for d in sweeps.glob("*"):
-                states = tune_trials(d)
-                done = sum(1 for is_done, _ in states.values() if is_done)
-                if done and len(states) >= min(trials, concurrent + done):
-                    os.kill(os.getpid(), signal.SIGUSR1)
-                    return
+            if any(ended_trials(d) for d in sweeps.glob("*")):
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return
             time.sleep(0.05)
 
     thread = threading.Thread(target=watch, daemon=True)
@@ -104,13 +107,14 @@ def test_asha_sweep_stops_trials_early_survives_an_interrupt_and_resumes(ray_ses
         "param_space:\n  rollout.sampling.max_new_tokens: {grid: [4, 3, 2, 1]}\n"
     )
     args = [f"sweep={sweep}", f"trainer.run_root={tmp_path / 'out'}"]
-    watcher = interrupt_when_a_trial_is_done(tmp_path / "out" / "sweeps", trials=4, concurrent=2)
+    watcher = interrupt_when_a_trial_is_done(tmp_path / "out" / "sweeps")
     assert main(args) == INTERRUPTED
     watcher.join(timeout=1)
     (sweep_dir,) = (tmp_path / "out" / "sweeps").iterdir()
     runs = sweep_dir / "runs"
     at_interrupt = tune_trials(sweep_dir)
-    done_before = {name: len(events(runs / name)) for name, (done, _) in at_interrupt.items() if done}
+    ended = ended_trials(sweep_dir)
+    done_before = {name: len(events(runs / name)) for name in at_interrupt if name.removeprefix("run_trial_") in ended}
     # A trial's last result before the interrupt may miss Tune's final snapshot; the one before it may not.
     to_restore = [name for name, (done, results) in at_interrupt.items() if results >= 2 and not done]
     assert done_before and not (sweep_dir / "results.csv").exists()
