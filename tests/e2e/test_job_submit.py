@@ -36,9 +36,10 @@ def test_cli_rejects_bad_config_before_starting_anything(tmp_path: Path) -> None
 def test_cli_exits_non_zero_naming_the_late_worker(tmp_path: Path) -> None:
     """A rollout call that overruns its timeout stops the run with the role and rank, not a hang."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    one_each = ["rollout.num_workers=1", "reward.num_workers=1", "learner.num_workers=1", "learner.strategy=single"]
     out = subprocess.run([sys.executable, "-m", "toolbox.run", "rollout.timeout_s=0.001", "trainer.total_steps=2",
-                          "callbacks=[]", f"trainer.run_root={tmp_path}"], capture_output=True, text=True, timeout=300,
-                         env=env)
+                          *one_each, "callbacks=[]", f"trainer.run_root={tmp_path}"], capture_output=True, text=True,
+                         timeout=300, env=env)
     assert out.returncode == 1, out.stderr[-3000:]
     assert "rollout rank" in out.stderr and "did not finish within 0.001s" in out.stderr
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,28 +27,12 @@ def build(tmp_path: Path, *overrides: str) -> tuple[ExperimentBuilder, Any]:
     return builder, builder.build_trainer()
 
 
-def test_three_steps_then_rollout_weights_equal_learner_bit_for_bit(ray_session: None, tmp_path: Path) -> None:
-    builder, trainer = build(tmp_path, "rollout.num_workers=2", "reward.num_workers=2", "learner.num_workers=2",
-                             "learner.strategy=fsdp2", "trainer.total_steps=3")
-    try:
-        summary = trainer.fit()
-        assert summary["steps"] == 3
-        # The full-state gather is collective: every rank takes part, rank 0 gets the tensors.
-        learner_sd = trainer.learner.group.call("full_state_dict")[0]
-        initial = load_causal_lm(builder.model_path).state_dict()
-        assert any(not torch.equal(learner_sd[k], initial[k]) for k in initial), "the learner did not train"
-        for rank, rollout_sd in enumerate(trainer.rollout.group.call("state_dict")):
-            assert rollout_sd.keys() == learner_sd.keys()
-            for name, tensor in learner_sd.items():
-                assert torch.equal(rollout_sd[name], tensor), f"rollout rank {rank}: {name} differs from the learner"
-        assert (Path(summary["last_checkpoint"]) / ".metadata").exists()
-    finally:
-        builder.shutdown()
-
-
-def _driver_fetches(tmp_path: Path, prompts_per_step: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[int]]:
-    """Serialized bytes of everything the driver fetched from workers during 2 training steps, and the driver's
-    waits inside each step (generate -> score -> plan -> update -> export -> load weights chain by ref)."""
+@contextmanager
+def counted_run(tmp_path: Path, prompts_per_step: int, monkeypatch: pytest.MonkeyPatch
+                ) -> Iterator[tuple[ExperimentBuilder, Any, dict[str, Any], int, list[int]]]:
+    """A 3-step GRPO run (2 rollout, 2 reward, 2 FSDP2 ranks) that counts the serialized bytes of everything the
+    driver fetched from workers and the driver's waits inside each step (generate -> score -> plan -> update ->
+    export -> load weights chain by ref); yields (builder, trainer, summary, bytes, waits) before shutdown."""
     from toolbox.actors.group import RayWaiter
 
     received: list[int] = []
@@ -64,8 +50,10 @@ def _driver_fetches(tmp_path: Path, prompts_per_step: int, monkeypatch: pytest.M
             waits[-1] += 1
         original_wait(self, pendings)
 
-    builder, trainer = build(tmp_path, f"algorithm.prompts_per_step={prompts_per_step}", "trainer.total_steps=2",
-                             "rollout.sampling.max_new_tokens=8", "trainer.log_samples_every=0")
+    builder, trainer = build(tmp_path, f"algorithm.prompts_per_step={prompts_per_step}", "trainer.total_steps=3",
+                             "rollout.num_workers=2", "reward.num_workers=2", "learner.num_workers=2",
+                             "learner.strategy=fsdp2", "rollout.sampling.max_new_tokens=8",
+                             "trainer.log_samples_every=0")
     train_step = trainer.train_step
 
     def step(n: int) -> dict[str, float]:
@@ -80,22 +68,38 @@ def _driver_fetches(tmp_path: Path, prompts_per_step: int, monkeypatch: pytest.M
     monkeypatch.setattr(RayWaiter, "wait", counting_wait)
     try:
         monkeypatch.setattr(ray, "get", counting_get)  # every fetch of the driver goes through ray.get
-        trainer.fit()
+        try:
+            summary = trainer.fit()
+        finally:
+            monkeypatch.setattr(ray, "get", original_get)
+        yield builder, trainer, summary, sum(received), waits
     finally:
         monkeypatch.setattr(ray, "get", original_get)
         builder.shutdown()
-    return sum(received), waits
 
 
-def test_driver_waits_once_per_step_and_does_not_hold_rollout_batches(ray_session: None, tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    small, small_waits = _driver_fetches(tmp_path / "small", 8, monkeypatch)
-    large, large_waits = _driver_fetches(tmp_path / "large", 64, monkeypatch)
-    # 64 prompts x 8 samples x (prompt + 8 response tokens) would be >100 kB of tensors; the driver
-    # only sees refs and metric dicts, whose size does not depend on the batch. (Recorded samples are off here:
-    # they are a fixed number of rows, but their decoded text varies in length from run to run.)
+def test_rollout_weights_equal_learner_bit_for_bit_and_the_driver_holds_no_batches(
+        ray_session: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After 3 steps every rollout worker holds the learner's weights bit for bit; the driver waits once per step
+    and fetches the same bytes for 8 and for 64 prompts a step (it only sees refs and metric dicts)."""
+    with counted_run(tmp_path / "small", 8, monkeypatch) as (builder, trainer, summary, small, small_waits):
+        assert summary["steps"] == 3
+        # The full-state gather is collective: every rank takes part, rank 0 gets the tensors.
+        learner_sd = trainer.learner.group.call("full_state_dict")[0]
+        initial = load_causal_lm(builder.model_path).state_dict()
+        assert any(not torch.equal(learner_sd[k], initial[k]) for k in initial), "the learner did not train"
+        for rank, rollout_sd in enumerate(trainer.rollout.group.call("state_dict")):
+            assert rollout_sd.keys() == learner_sd.keys()
+            for name, tensor in learner_sd.items():
+                assert torch.equal(rollout_sd[name], tensor), f"rollout rank {rank}: {name} differs from the learner"
+        assert (Path(summary["last_checkpoint"]) / ".metadata").exists()
+    with counted_run(tmp_path / "large", 64, monkeypatch) as (_, _, _, large, large_waits):
+        pass
+    # 64 prompts x 8 samples x (prompt + 8 response tokens) would be >100 kB of tensors; the driver only sees refs
+    # and metric dicts, whose size does not depend on the batch. (Recorded samples are off here: they are a fixed
+    # number of rows, but their decoded text varies in length from run to run.)
     assert large - small < 4_000, (small, large)
-    assert small_waits == large_waits == [1, 1]
+    assert small_waits == large_waits == [1, 1, 1]
 
 
 class Sleeper:
