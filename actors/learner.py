@@ -23,11 +23,13 @@ import torch
 import torch.distributed as dist
 
 from toolbox.core.seeding import seed_everything
+from toolbox.engines.nccl_sync import NcclSyncInit, NcclWeightSender
 from toolbox.learner.strategy import backend_for, peak_memory_gb, resolve_device
 from toolbox.models.loading import load_tokenizer
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import RolloutBatch
 from toolbox.rl.plan import StepPlan
+from toolbox.rl.weights import TensorSpec
 from toolbox.tracing.entries import StepSamples, TraceRequest
 from toolbox.tracing.record import sample_traces
 
@@ -109,6 +111,26 @@ class LearnerWorker:
 
     def export_weights(self) -> list[Any]:
         return [share(bucket) for bucket in self._learner.policy.export_weights()]
+
+    # ---- device-to-device weight sync (toolbox.engines.nccl_sync; the driver side is toolbox.actors.device_sync)
+    sender: NcclWeightSender | None = None
+
+    def weight_manifest(self) -> list[TensorSpec]:
+        """Names, dtypes and shapes the NCCL sync sends, in order (announced to the engines once)."""
+        return self._sender().manifest
+
+    def open_weight_sync(self, init: NcclSyncInit) -> None:
+        """Every rank: rank 0 joins the NCCL group with the engines' workers (concurrently with their join)."""
+        self._sender().open(init)
+
+    def send_weights(self) -> int:
+        """Every rank joins the gathers; rank 0 broadcasts to the engines (whose receive runs meanwhile)."""
+        return self._sender().send()
+
+    def _sender(self) -> NcclWeightSender:
+        if self.sender is None:
+            self.sender = NcclWeightSender(self._learner.policy.model, self.rank)
+        return self.sender
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self._learner.policy.full_state_dict()

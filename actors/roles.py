@@ -72,8 +72,14 @@ class RoleGroup:
 class EngineGroup(RoleGroup):
     """Workers that hold a copy of the policy and load the learner's exported weights."""
 
+    device_sync = False  # set by toolbox.actors.device_sync.open_nccl_sync: weights arrive over NCCL
+
     def update_weights(self, weights: Pending[WeightRefs]) -> Pending[float]:
-        """Every worker loads rank 0's buckets once the export finished (its next call waits for this one)."""
+        """Every worker loads rank 0's buckets once the export finished (its next call waits for this one).
+        With `device_sync` every worker receives learner rank 0's broadcast instead, without waiting for the export
+        call (which is the send, running at the same time)."""
+        if self.device_sync:
+            return self.broadcast("receive_weights")
         return self.broadcast("update_weights", weights.handles[0])
 
 
@@ -123,8 +129,13 @@ class LearnerGroupBase(RoleGroup):
         done (spent, or in-process). The caller loads a checkpoint into them."""
         return self.group.replace_all()
 
+    device_sync = False  # set by toolbox.actors.device_sync.open_nccl_sync: weights leave over NCCL
+
     def export_weights(self) -> Pending[WeightRefs]:
-        """Every rank takes part in gathering the full weights; rank 0's result holds the bucket refs."""
+        """Every rank takes part in gathering the full weights; rank 0's result holds the bucket refs. With
+        `device_sync` rank 0 broadcasts them to the engines instead (results: the bytes sent, no refs)."""
+        if self.device_sync:
+            return self.broadcast("send_weights")
         return self.broadcast("export_weights")
 
     def export_hf(self, path: str) -> str:

@@ -49,11 +49,37 @@ class RolloutWorker:
 
     def update_weights(self, bucket_refs: list[Any]) -> float:
         """Load the exported buckets; returns the seconds it took."""
-        self.wake()  # the weights go into an awake engine (vLLM's level-1 sleep keeps them on the host meanwhile)
-        start = time.perf_counter()
-        self.engine.update_weights(resolve(bucket_refs))
+        seconds = self._load(lambda: self.engine.update_weights(resolve(bucket_refs)))
         remember(self.supervisor, self.rank, bucket_refs)
-        return time.perf_counter() - start
+        return seconds
+
+    def _load(self, load: Callable[[], Any]) -> float:
+        """Run a weight load in an awake engine; returns its seconds. A sleeping engine with a two-stage wake (vLLM:
+        `wake_weights`) takes back only its weights' memory before the load and the rest (KV cache) after it;
+        others wake whole first (vLLM's level-1 sleep keeps the weights on the host meanwhile)."""
+        wake_weights = getattr(self.engine, "wake_weights", None)
+        if self.asleep and wake_weights is not None:
+            wake_weights()
+        else:
+            self.wake()
+        start = time.perf_counter()
+        load()
+        seconds = time.perf_counter() - start
+        self.wake()
+        return seconds
+
+    # ---- device-to-device weight sync (toolbox.engines.nccl_sync; the driver side is toolbox.actors.device_sync)
+    def sync_workers(self) -> int:
+        """The NCCL ranks this worker's engine takes in the sync group (its tensor-parallel workers)."""
+        return int(getattr(self.engine, "sync_workers", 1))
+
+    def open_weight_sync(self, init_info: dict[str, Any], manifest: list[Any]) -> None:
+        """Join learner rank 0's NCCL group (concurrently with the learner's `open_weight_sync`)."""
+        self.engine.open_device_sync(init_info, manifest)
+
+    def receive_weights(self) -> float:
+        """One NCCL round from learner rank 0 (whose `send_weights` runs meanwhile); returns the seconds it took."""
+        return self._load(self.engine.receive_weights)
 
     def sleep(self) -> None:
         """Free the engine's accelerator memory (a no-op for engines without `sleep`)."""

@@ -61,11 +61,20 @@ def resolve_model_path(cfg: ExperimentConfig, run_root: Path) -> str:
     if model.tiny is None:
         if not model.path:
             raise ConfigError("model.path is empty and model.tiny is null: name a model directory or hub id")
-        return model.path
+        return with_cold_start(cfg, model.path, run_root)
     task = TASKS.build(cfg.task, inject={"data": cfg.data})
     digest = hashlib.sha1((model.tiny.model_dump_json() + task.alphabet()).encode()).hexdigest()[:10]
     path = Path(model.path) if model.path else run_root / ".models" / f"tiny-{model.tiny.arch}-{digest}"
-    return str(ensure_tiny_model(path, model.tiny, task.alphabet()))
+    return with_cold_start(cfg, str(ensure_tiny_model(path, model.tiny, task.alphabet())), run_root)
+
+
+def with_cold_start(cfg: ExperimentConfig, base: str, run_root: Path) -> str:
+    """``base``, or with ``model.cold_start`` the policy its supervised run exports from it (`toolbox.cold_start`)."""
+    if cfg.model.cold_start is None:
+        return base
+    from toolbox.cold_start import cold_start
+
+    return cold_start(cfg, base, run_root)
 
 
 def check_model_path(path: str, trust_remote_code: bool = False) -> None:

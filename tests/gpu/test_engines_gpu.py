@@ -6,6 +6,7 @@ weight-update path and checks that greedy outputs follow the new weights, as the
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -67,13 +68,55 @@ def test_vllm_sleep_wake_sync_round_bf16(head64_model_dir: Path) -> None:
     assert eng.generate(requests, greedy).response_mask_BR.sum() > 0
     free_awake = torch.cuda.mem_get_info()[0]
     eng.sleep(level=1)
-    assert torch.cuda.mem_get_info()[0] > free_awake  # sleeping gave memory back
-    eng.wake()
+    asleep = torch.cuda.mem_get_info()[0]
+    assert asleep > free_awake  # sleeping gave memory back
+    eng.wake_weights()  # two-stage wake: the weights first, the KV cache after the sync
+    assert torch.cuda.mem_get_info()[0] > free_awake  # the KV cache is still free during the load
     model = load_causal_lm(path, "bfloat16")
     with torch.no_grad():
         model.lm_head.weight.zero_()
     buckets = pack_state_dict(model.state_dict(), bucket_bytes=64 << 10)
     assert len(buckets) >= 3
     eng.update_weights(buckets)
+    eng.wake()
+    print(f"vllm free GPU memory: awake {free_awake / 2**30:.2f} GiB, asleep {asleep / 2**30:.2f} GiB, "
+          f"awake again {torch.cuda.mem_get_info()[0] / 2**30:.2f} GiB")
     after = eng.generate(requests, greedy)
     assert (after.response_ids_BR[:, 0] == 0).all()  # all logits equal: argmax is token 0 iff the sync arrived
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs the learner and the engine on different GPUs")
+def test_vllm_nccl_sync_from_a_learner_gpu(head64_model_dir: Path) -> None:
+    """The ``nccl`` path without Ray: vLLM's worker on GPU 0, the learner's sender on GPU 1, both sides of each call
+    run at the same time (a thread stands in for the concurrent Ray calls); several packed chunks."""
+    pytest.importorskip("vllm")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from toolbox.engines.nccl_sync import NcclWeightSender, plan_group
+    from toolbox.engines.vllm import VLLMEngine, VLLMEngineConfig
+
+    path = str(head64_model_dir)
+    eng = VLLMEngine(path, dtype="bfloat16", config=VLLMEngineConfig(enforce_eager=True, gpu_memory_utilization=0.2),
+                     seed=0, weight_transfer="nccl")
+    requests = PromptSource(TASKS.build({"name": "digit_add"}), eng.tokenizer, seed=0).step(0, 4, 2)
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=4)
+    assert not (eng.generate(requests, greedy).response_ids_BR[:, 0] == 0).all()
+    torch.cuda.set_device(1)
+    model = load_causal_lm(path, "bfloat16").to("cuda:1")
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    sender = NcclWeightSender(model, 0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    init, offsets = plan_group("127.0.0.1", port, [eng.sync_workers], buffer_bytes=64 << 10)
+    with ThreadPoolExecutor(1) as pool:
+        joined = pool.submit(eng.open_device_sync, init.worker_info(offsets[0]), sender.manifest)
+        sender.open(init)
+        joined.result(timeout=120)
+        received = pool.submit(eng.receive_weights)
+        sent = sender.send()
+        assert received.result(timeout=120) == sent > 3 * (64 << 10)  # several chunks
+    after = eng.generate(requests, greedy)
+    assert (after.response_ids_BR[:, 0] == 0).all()  # all logits equal: argmax is token 0 iff the sync arrived
+    sender.close()

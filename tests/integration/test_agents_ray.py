@@ -22,7 +22,9 @@ def test_tool_recipe_trains_two_steps(ray_session: None, tmp_path: Path) -> None
                        # 16 groups: the recipe's prefix credit pays a random model only in a group where some
                        # episode starts with the call's first character, and a step with every group tied trains
                        # nothing (4 groups were all tied for 2 steps).
-                       "trainer.total_steps=2", "algorithm.prompts_per_step=16", "learner.micro_batch_size=16"])
+                       "trainer.total_steps=2", "algorithm.prompts_per_step=16", "learner.micro_batch_size=16",
+                       # the recipe's SFT cold start, cut to 2 steps (tests/unit/test_cold_start.py checks it)
+                       "model.cold_start.overrides=[trainer.total_steps=2, algorithm.batch_size=8]"])
     builder = ExperimentBuilder(cfg)
     trainer = builder.build_trainer()
     try:

@@ -73,14 +73,17 @@ def test_sync_path_choice() -> None:
     assert _path({**COLOCATE, **GPU_HALF, "engine": VLLM}, GPU_HALF) == ("cuda_ipc", "cuda_ipc")
     sglang = {"name": "sglang", "enable_memory_saver": True}
     assert _path({**COLOCATE, **GPU_HALF, "engine": sglang}, GPU_HALF) == ("cuda_ipc", "cuda_ipc")
-    # Both on GPUs of their own (colocated 1 + 1, or split): NCCL, which falls back to the object store for now.
-    assert _path({**COLOCATE, "gpus_per_worker": 1, "engine": VLLM}, {"gpus_per_worker": 1}) == ("nccl", "object_store")
+    # Both on GPUs of their own (colocated 1 + 1, or split, on any nodes): NCCL from learner rank 0 (vLLM).
+    assert _path({**COLOCATE, "gpus_per_worker": 1, "engine": VLLM}, {"gpus_per_worker": 1}) == ("nccl", "nccl")
     split = {"engine": VLLM, "gpus_per_worker": 1}
-    assert _path(split, {"gpus_per_worker": 1}) == ("nccl", "object_store")
-    assert _path(split, {"gpus_per_worker": 1}, learner_nodes=["a", "a"], rollout_nodes=["a"]) == ("nccl", "object_store")
-    # Engines on a node without a learner rank: the object store.
-    assert _path(split, {"gpus_per_worker": 1}, learner_nodes=["a", "a"], rollout_nodes=["b"]) == ("object_store", "object_store")
-    text = choose_sync_path(config(rollout=split, learner={"gpus_per_worker": 1})).describe()
+    assert _path(split, {"gpus_per_worker": 1}) == ("nccl", "nccl")
+    assert _path(split, {"gpus_per_worker": 1}, learner_nodes=["a", "a"], rollout_nodes=["a"]) == ("nccl", "nccl")
+    text = choose_sync_path(config(rollout=split, learner={"gpus_per_worker": 1}), ["a"], ["b"]).describe()
+    assert text.startswith("weight sync: nccl (") and "other nodes" in text
+    # ... except LoRA (CPU merge / adapter) and in-process runs; SGLang's NCCL path is not built (falls back).
+    lora = {"gpus_per_worker": 1, "lora": {"r": 4}}
+    assert _path(split, lora) == ("object_store", "object_store")
+    text = choose_sync_path(config(rollout={**split, "engine": {"name": "sglang"}}, learner={"gpus_per_worker": 1})).describe()
     assert "nccl chosen" in text and "falls back to object_store" in text
 
 

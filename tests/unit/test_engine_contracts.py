@@ -30,9 +30,10 @@ from toolbox.engines import sglang as sglang_mod
 from toolbox.engines import vllm as vllm_mod
 from toolbox.engines.base import ENGINES, SamplingConfig
 from toolbox.engines.common import request_seeds, tensor_bytes
+from toolbox.engines.nccl_sync import NcclWeightSender, plan_group
 from toolbox.models.tiny import build_char_tokenizer
 from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest
-from toolbox.rl.weights import pack_state_dict
+from toolbox.rl.weights import TensorSpec, pack_state_dict
 
 PAD, EOS, A, B, C = 0, 2, 3, 4, 5  # char tokenizer over "abc": <pad> <s> </s> a b c
 REQUESTS = [PromptRequest([A, B], 0, {"answer": "x"}), PromptRequest([A, B, C], 0), PromptRequest([C], 1)]
@@ -498,3 +499,153 @@ def test_http_refuses_weight_updates_unless_allowed(server: str, tok_dir: str,
     with caplog.at_level("WARNING"):
         assert stale.update_weights(buckets) == 0
     assert "keeps its own weights" in caplog.text
+
+
+# ---- vLLM: the NCCL weight sync's engine side, and the two-stage wake ---------------------------------------------
+NCCL_MANIFEST = [TensorSpec("w", "float32", (4, 4), 64), TensorSpec("b", "bfloat16", (4,), 8)]
+
+
+def test_vllm_nccl_engine_side_protocol(fake_vllm: types.SimpleNamespace, tok_dir: str) -> None:
+    engine = vllm_mod.VLLMEngine(tok_dir, weight_transfer="nccl")
+    llm = engine.llm
+    assert llm.kwargs["weight_transfer_config"] == {"backend": "nccl"} and llm.calls == []  # joins at open, not here
+    with pytest.raises(RuntimeError, match="before open_device_sync"):
+        engine.receive_weights()
+    with pytest.raises(RuntimeError, match="not CPU buckets"):
+        engine.update_weights(pack_state_dict({"w": torch.ones(2)}))
+    info = plan_group("10.0.0.1", 29500, [engine.sync_workers], 1 << 20)[0].worker_info(1)
+    engine.open_device_sync(info, NCCL_MANIFEST)
+    assert llm.calls == [("init_weight_transfer_engine", ({"init_info": info},), {})]
+    assert engine.receive_weights() == 72
+    assert [c[0] for c in llm.calls[1:]] == ["start_weight_update", "update_weights", "finish_weight_update",
+                                             "reset_prefix_cache"]
+    assert llm.calls[2][1][0] == {"update_info": {"names": ["w", "b"], "dtype_names": ["float32", "bfloat16"],
+                                                  "shapes": [[4, 4], [4]]}}
+    with pytest.raises(RuntimeError, match="weight_transfer='nccl'"):
+        vllm_mod.VLLMEngine(tok_dir).open_device_sync(info, NCCL_MANIFEST)
+
+
+def test_vllm_two_stage_wake_around_a_weight_load(fake_vllm: types.SimpleNamespace, tok_dir: str) -> None:
+    pytest.importorskip("ray")  # the rollout worker's module imports it; the engine venvs of engine_contracts.sh lack it
+    from toolbox.actors.rollout import RolloutWorker
+
+    engine = vllm_mod.VLLMEngine(tok_dir, config=vllm_mod.VLLMEngineConfig(enable_sleep_mode=True),
+                                 weight_transfer="nccl")
+    engine.open_device_sync({}, NCCL_MANIFEST)
+    worker = RolloutWorker(0, lambda rank: engine)
+    calls = engine.llm.calls
+    calls.clear()
+    worker.sleep()
+    worker.receive_weights()  # the colocated step: asleep since its generate, the new weights arrive
+    assert [(c[0], c[2]) for c in calls] == [
+        ("sleep", {"level": 1}),
+        ("wake_up", {"tags": ["weights"]}),  # the weights' memory first ...
+        ("start_weight_update", {}), ("update_weights", {}), ("finish_weight_update", {}), ("reset_prefix_cache", {}),
+        ("wake_up", {"tags": ["kv_cache"]}),  # ... the KV cache only after the load
+    ]
+    calls.clear()
+    worker.sleep()
+    worker.wake()  # a wake without a load (the next generate, DAPO's next round): vLLM's plain wake_up()
+    worker.wake()
+    assert [(c[0], c[2]) for c in calls] == [("sleep", {"level": 1}), ("wake_up", {})]
+    assert not worker.asleep
+
+
+class FakeNccl:
+    """vLLM's ``PyNcclCommunicator`` without NCCL: rank 0's broadcasts go onto a shared wire, every other rank reads
+    them back in order into its own buffer -- and fails if the sizes the two sides cut differ."""
+
+    def __init__(self, wire: list, rank: int) -> None:
+        self.wire, self.rank, self.read = wire, rank, 0
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, stream: object = None) -> None:
+        if self.rank == src:
+            self.wire.append(tensor.clone())
+            return
+        sent = self.wire[self.read]
+        if (sent.dtype, sent.numel()) != (tensor.dtype, tensor.numel()):
+            raise RuntimeError(f"receiver cut chunk {self.read} as {tensor.numel()} x {tensor.dtype}, "
+                               f"the sender sent {sent.numel()} x {sent.dtype}")
+        tensor.copy_(sent)
+        self.read += 1
+
+
+class FakeStream:
+    def synchronize(self) -> None: ...
+
+    def wait_event(self, event: object) -> None: ...
+
+
+def test_nccl_sync_through_real_vllm_producer_and_receiver(tok_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Learner side (`NcclWeightSender`: vLLM's ``trainer_init`` and ``packed_nccl_broadcast_producer``) and engine
+    side (`VLLMEngine` over vLLM's real ``Worker`` / ``NCCLWeightTransferEngine`` / packed consumer), with only
+    CUDA streams and the NCCL communicator replaced: the rendezvous ranks, the packed chunks both sides cut, the
+    start -> load per chunk -> finish order and the loaded values."""
+    vllm = pytest.importorskip("vllm")
+    import contextlib
+
+    from vllm.config.weight_transfer import WeightTransferConfig
+    from vllm.distributed.weight_transfer import nccl_common, nccl_engine, packed_tensor
+    from vllm.model_executor.model_loader import reload
+    from vllm.v1.worker.gpu_worker import Worker
+
+    wire: list = []
+    joined: list = []
+
+    def stateless_init_process_group(address: str, port: int, rank: int, world_size: int, device: object) -> FakeNccl:
+        joined.append((address, port, rank, world_size))
+        return FakeNccl(wire, rank)
+
+    monkeypatch.setattr(nccl_common, "stateless_init_process_group", stateless_init_process_group)
+    monkeypatch.setattr(packed_tensor, "_get_streams", lambda device, n: tuple(FakeStream() for _ in range(n)))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    monkeypatch.setattr(torch.accelerator, "current_stream", lambda *a: FakeStream())
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch, "Event", lambda *a, **k: types.SimpleNamespace(record=lambda *a: None))
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+    log: list = []
+    monkeypatch.setattr(reload, "initialize_layerwise_reload", lambda model: log.append("start"))
+    monkeypatch.setattr(reload, "finalize_layerwise_reload", lambda model, cfg: log.append("finish"))
+
+    # The engine: vLLM's worker object without its GPU setup, its real NCCL weight-transfer engine on the CPU.
+    model = RecordingModel(log)
+    parallel = types.SimpleNamespace(data_parallel_index=0, world_size=1, rank=0)
+    config = types.SimpleNamespace(parallel_config=parallel, model_config=None)
+    worker = Worker.__new__(Worker)
+    worker.__dict__.update(weight_transfer_engine=nccl_engine.NCCLWeightTransferEngine(
+        WeightTransferConfig(backend="nccl"), config, torch.device("cpu"), model), vllm_config=config, rank=0,
+        _weight_update_active=False, _weight_update_is_draft=False,
+        model_runner=types.SimpleNamespace(reset_lora_state=lambda: None))
+
+    class WiredLLM(vllm.LLM):
+        def __init__(self, **kwargs: object) -> None:
+            self.kwargs = kwargs
+            self.llm_engine = types.SimpleNamespace(
+                collective_rpc=lambda method, kwargs=None: getattr(Worker, method)(worker, **(kwargs or {})),
+                reset_prefix_cache=lambda *a: log.append("reset_prefix_cache"))
+
+    monkeypatch.setattr(vllm, "LLM", WiredLLM)
+    engine = vllm_mod.VLLMEngine(tok_dir, weight_transfer="nccl")
+    assert engine.llm.kwargs["weight_transfer_config"] == {"backend": "nccl"}
+
+    # The learner: three tensors, a 64-byte chunk size, so the stream is cut into several packed chunks.
+    learner = torch.nn.Module()
+    learner.register_parameter("w", torch.nn.Parameter(torch.arange(16.0).view(4, 4)))  # 64 bytes
+    learner.register_parameter("b", torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16)))  # 8 bytes
+    learner.register_parameter("v", torch.nn.Parameter(torch.full((3,), 2.0)))  # 12 bytes
+    sender = NcclWeightSender(learner, 0, torch.device("cuda", 0))  # a device object only: nothing is allocated
+    init, offsets = plan_group("127.0.0.1", 29500, [engine.sync_workers], buffer_bytes=64)
+    sender.open(init)  # in a run both opens are concurrent Ray calls; here the fake group needs no rendezvous
+    engine.open_device_sync(init.worker_info(offsets[0]), sender.manifest)
+    assert joined == [("127.0.0.1", 29500, 0, 2), ("127.0.0.1", 29500, 1, 2)]  # learner rank 0, then the worker
+    wte = worker.weight_transfer_engine
+    assert (wte.packed, wte.packed_buffer_size_bytes, wte.packed_num_buffers) == (True, 64, 2)
+
+    sender.device = torch.device("cpu")  # the walk and the broadcast run on the CPU here
+    assert sender.send() == 84
+    assert [t.numel() for t in wire] == [64 + 8, 12]  # chunks close once they exceed 64 bytes
+    assert engine.receive_weights() == 84
+    assert log == ["start", ("load", ["w", "b"]), ("load", ["v"]), "finish", "reset_prefix_cache"]
+    assert all(torch.equal(model.loaded[k], v.detach()) for k, v in learner.state_dict().items())
+    assert model.loaded["b"].dtype == torch.bfloat16

@@ -151,3 +151,27 @@ def test_an_unpicklable_env_is_reported_and_keeps_stepping(vectorization: str, c
         assert batch.obs_TNO[:, 0, 0].tolist() == [2.0, 0.0]
     finally:
         runner.close()
+
+
+class InfoCounter(CounterEnv):
+    """The counter whose steps return an info dict, as MuJoCo envs do (x_position, reward_ctrl, ...)."""
+
+    def step(self, action: int) -> tuple:
+        obs, reward, terminated, truncated, _ = super().step(action)
+        return obs, reward, terminated, truncated, {"x_position": float(self.t)}
+
+
+def test_runner_copies_return_no_step_info_but_the_vector_env_keeps_the_final_observation() -> None:
+    """`SnapshotEnv` drops each copy's step info (the vector env would merge it into arrays every step, unread);
+    the SAME_STEP vector env still adds ``final_obs``, which truncation bootstrapping reads."""
+    from gymnasium.vector import AutoresetMode
+
+    from toolbox.envs.env_runner import SnapshotEnv
+
+    plain = SyncVectorEnv([InfoCounter, InfoCounter], autoreset_mode=AutoresetMode.SAME_STEP)
+    wrapped = SyncVectorEnv([lambda: SnapshotEnv(InfoCounter())] * 2, autoreset_mode=AutoresetMode.SAME_STEP)
+    for envs in (plain, wrapped):
+        envs.reset(seed=0)
+    infos = [[envs.step([0, 1])[4] for _ in range(3)] for envs in (plain, wrapped)]
+    assert "x_position" in infos[0][0] and all("x_position" not in info for info in infos[1])
+    assert [float(x[0]) for x in infos[1][2]["final_obs"]] == [3.0, 3.0]  # the episodes of 3 steps ended

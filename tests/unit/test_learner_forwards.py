@@ -78,6 +78,25 @@ def test_packed_rows_give_the_padded_logprobs_and_values(tiny_model_dir: Path) -
     assert int((rows.inputs.doc_ids_BT > 0).sum()) == packed.real // 2 and rows.inputs.documents() == ROWS - 1
 
 
+def test_packing_leaves_a_batch_with_little_padding_padded(tiny_model_dir: Path) -> None:
+    """Full-length responses and prompts (the benchmark's fixed-length completions): packed rows would save under
+    20% of the slots, so the forward runs padded, with the same numbers."""
+    from toolbox.models.loading import load_causal_lm
+
+    model = load_causal_lm(str(tiny_model_dir), "float32")
+    batch = _batch()
+    batch.prompt_mask_BP[:, 1:] = 1  # at least 5 of 6 prompt tokens and every response token real
+    batch.response_mask_BR[:] = 1
+    padded, packed = RowForwards(False, 1.0), RowForwards(True, 1.0)
+    with torch.no_grad():
+        torch.testing.assert_close(packed.logprobs(model, batch), padded.logprobs(model, batch), atol=1e-5, rtol=0)
+    real = int(batch.prompt_mask_BP.sum() + batch.response_mask_BR.sum())
+    assert (packed.real, packed.slots) == (padded.real, padded.slots) == (real, ROWS * 13)
+    batch.response_mask_BR[:, 2:] = 0  # now most of the padded layout is padding: packed
+    packed.logprobs(model, batch)
+    assert packed.slots - ROWS * 13 < (ROWS * 13) * 0.8
+
+
 def test_packing_refuses_a_response_mask_with_holes() -> None:
     batch = _batch()
     batch.response_mask_BR[3] = torch.tensor([1, 0, 1, 0, 0, 0, 0])

@@ -89,6 +89,8 @@ def test_state_dependent_log_std_is_a_clamped_second_head() -> None:
     actions = torch.randn(8, 2)
     expected = torch.distributions.Normal(mean, log_std.exp()).log_prob(actions).sum(-1)
     assert torch.allclose(model(obs, actions)[0], expected, atol=1e-5)
+    sampled, logp, _ = model.act(obs, generator=torch.Generator().manual_seed(0))  # scored without a Normal
+    assert torch.allclose(logp, model(obs, sampled)[0], atol=1e-5)
     with torch.no_grad():
         model.actor[-1].bias[2:] = 10.0  # far above the upper bound
     assert torch.allclose(model.distribution(obs).stddev, torch.full((8, 2), math.exp(0.5)))

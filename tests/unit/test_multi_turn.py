@@ -253,6 +253,24 @@ def test_tool_add_task_shows_the_call_in_its_own_alphabet() -> None:
         TASKS.build({"name": "tool_add", "high": 5})
 
 
+def test_tool_add_demos_replay_as_correct_episodes_of_the_recipes_env() -> None:
+    """The cold start's demonstrations are exactly what the recipe's env pays in full: the call, its reply, the answer."""
+    from toolbox.config import load_config
+
+    recipe = load_config(["experiment=grpo_tool_calc_tiny"])
+    demos = TASKS.build({"name": "tool_add_demos"}).sample(20, random.Random(3))
+    problems = TASKS.build({"name": "tool_add"}).sample(20, random.Random(3))
+    assert [d.prompt for d in demos] == [p.prompt for p in problems]  # the same prompts, in the same order
+    env = ToolEnv(ToolEnvConfig.model_validate(recipe.rollout.engine.env.model_dump(exclude={"name"})))
+    for demo, problem in zip(demos, problems, strict=True):
+        env.reset(demo.prompt, {"answer": problem.answer})
+        call, rest = demo.answer.split(")", 1)  # the recipe's turns end at the stop strings ")" and ";"
+        first = env.step(call + ")")
+        assert rest.startswith(first.observation) and first.info["parts"]["call"] == 0.6
+        final = env.step(rest[len(first.observation):])
+        assert final.done and final.info["parts"]["answer"] == 1.0, demo
+
+
 def test_tool_env_binds_the_prompts_variables() -> None:
     env = ToolEnv(ToolEnvConfig(formats=["pythonic"], variables_pattern=r"([ab])=(\d+)"))
     env.reset("a=37 b=45? add(a,b)>", {"answer": "82"})

@@ -8,6 +8,11 @@ names them and the call passes the names (``a=37 b=45? sum(a,b)>``, code-as-acti
 tool's result from the environment's reply, and answer with it. Its alphabet is just the prompt's
 and the call's characters (and `;`): an environment that talks to a char model built from it must
 spell its replies with them (``tool_env``'s ``error_template`` replaces the tools' English errors).
+
+``tool_add_demos`` is the same task with a demonstration episode as the answer (``sum()=82;82;``: the call,
+the tool's reply, the final answer): SFT records for the recipe's cold start (`toolbox.cold_start`). A char
+tokenizer has no chat template to mark whose turn is whose, so the SFT loss also covers the reply's tokens;
+generation never writes them (the model's turn ends at the call's ``)``), and GRPO masks them.
 """
 
 from __future__ import annotations
@@ -72,6 +77,10 @@ class ToolAdd:
         self.config = config
 
     def sample(self, n: int, rng: random.Random) -> list[Problem]:
+        return [Problem(prompt, str(a + b)) for prompt, _, a, b in self.episodes(n, rng)]
+
+    def episodes(self, n: int, rng: random.Random) -> list[tuple[str, str, int, int]]:
+        """``n`` problems as (prompt, the call that answers it, a, b)."""
         out = []
         for _ in range(n):
             a, b = rng.randint(self.config.low, self.config.high), rng.randint(self.config.low, self.config.high)
@@ -79,10 +88,31 @@ class ToolAdd:
             args = {"literal": f"{a},{b}", "variables": "a,b", "injected": ""}[self.config.style]
             question = f"{a}+{b}?" if literal else f"a={a} b={b}?"
             call = f"{self.config.tool}({args})"
-            out.append(Problem(f"{question} {call}>" if self.config.show_call else f"{question}>", str(a + b)))
+            out.append((f"{question} {call}>" if self.config.show_call else f"{question}>", call, a, b))
         return out
 
     def alphabet(self) -> str:
         # The prompt and the pythonic call only: a small vocabulary is what lets a random char model find the
         # call quickly. The recipe's env shows results as `={result}>` and errors as `?`, all spelled from here.
         return "0123456789+=?>; ab(),dmsu"
+
+
+class ToolAddDemosConfig(ToolAddConfig):
+    """Options of the ``tool_add_demos`` task: ``tool_add``'s, and how a demonstration episode is written."""
+
+    demonstration: str = Field("{call}={result};{result};", description="A demonstration episode (the SFT "
+                               "response): `{call}` is the call that answers the prompt, `{result}` the sum. "
+                               "The default matches the `grpo_tool_calc_tiny` recipe's env (reply `={result};`, "
+                               "answer `{result};`).")
+
+
+@TASKS.register("tool_add_demos", config=ToolAddDemosConfig)
+class ToolAddDemos(ToolAdd):
+    """``tool_add`` with a whole demonstration episode as the answer: ``"a=37 b=45? sum()>"`` -> ``"sum()=82;82;"``."""
+
+    config: ToolAddDemosConfig
+
+    def sample(self, n: int, rng: random.Random) -> list[Problem]:
+        template = self.config.demonstration
+        return [Problem(prompt, template.replace("{call}", call).replace("{result}", str(a + b)))
+                for prompt, call, a, b in self.episodes(n, rng)]

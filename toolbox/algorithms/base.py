@@ -17,6 +17,7 @@ from toolbox.trainers.base import BaseTrainer
 from toolbox.trainers.roles import PolicyLearnerRole, RewardRole, RolloutRole
 
 if TYPE_CHECKING:
+    from toolbox.engines.placement import SyncPath
     from toolbox.experiment import ExperimentBuilder
 
 Wiring = Callable[["ExperimentBuilder", EventBus], BaseTrainer]
@@ -56,10 +57,12 @@ def policy_roles(builder: ExperimentBuilder, learner_cls: type, algo: AlgorithmC
     from toolbox.actors.rollout import RolloutWorker
     from toolbox.data.tasks import TASKS
     from toolbox.engines import ENGINES
+    from toolbox.engines.placement import engine_weight_transfer
     from toolbox.models.loading import load_tokenizer
 
     c, path = builder.cfg, builder.model_path
-    engine = partial(build_engine, ENGINES, c.rollout.engine, path, c.model.dtype, c.trainer.seed)
+    engine = partial(build_engine, ENGINES, c.rollout.engine, path, c.model.dtype, c.trainer.seed,
+                     extra=engine_weight_transfer(c))
     rollout = RolloutGroup(builder.group(
         "rollout", RolloutWorker, c.rollout.num_workers,
         lambda r: dict(rank=r, build=engine, torch_threads=c.rollout.torch_threads),
@@ -84,28 +87,36 @@ def policy_wiring(builder: ExperimentBuilder, bus: EventBus, learner_cls: type, 
 
     assert isinstance(algo, AlgorithmConfig)
     c, roles = builder.cfg, policy_roles(builder, learner_cls, algo)
-    log_placement(builder)
+    if log_placement(builder).runs == "nccl":
+        from toolbox.actors.device_sync import open_nccl_sync
+
+        open_nccl_sync(roles.learner, roles.rollout, c.learner.bucket_mb << 20)
     return OnlineTrainer(builder.trainer_config(), bus, algo, c.rollout.sampling, roles.prompts, roles.rollout,
                          roles.reward, roles.learner, builder.run_dir, c.experiment, dynamic=dynamic,
                          colocate=c.rollout.placement == "colocate", max_staleness=c.rollout.max_staleness)
 
 
-def log_placement(builder: ExperimentBuilder) -> None:
+def log_placement(builder: ExperimentBuilder) -> SyncPath:
     """Once at start: the weight-sync path the placement calls for (from the nodes the actors landed on), and
-    what a colocated learner keeps on its GPU while the engines generate."""
+    what a colocated learner keeps on its GPU while the engines generate. Returns that path."""
     from toolbox.engines.placement import choose_sync_path
 
     c = builder.cfg
-    log.info("%s", choose_sync_path(c, builder.nodes.get("learner"), builder.nodes.get("rollout")).describe())
+    path = choose_sync_path(c, builder.nodes.get("learner"), builder.nodes.get("rollout"))
+    log.info("%s", path.describe())
     if c.rollout.placement == "colocate" and c.learner.gpus_per_worker and c.learner.offload == "none":
         log.warning("rollout.placement: colocate with learner.offload: none: each learner rank keeps its shards, "
                     "gradients and AdamW state on the GPU while the engine generates; learner.offload: params moves "
                     "them to host memory")
+    return path
 
 
-def build_engine(engines: Registry, spec: Spec, model_path: str, dtype: str, seed: int, rank: int) -> Any:
-    """Rollout worker ``rank``'s engine (each rank samples with its own seed)."""
-    return engines.build(spec, inject={"model_path": model_path, "dtype": dtype, "seed": seed + 1000 * rank})
+def build_engine(engines: Registry, spec: Spec, model_path: str, dtype: str, seed: int, rank: int,
+                 extra: dict[str, Any] | None = None) -> Any:
+    """Rollout worker ``rank``'s engine (each rank samples with its own seed); ``extra``: more injected arguments
+    (`toolbox.engines.placement.engine_weight_transfer`)."""
+    return engines.build(spec, inject={"model_path": model_path, "dtype": dtype, "seed": seed + 1000 * rank,
+                                      **(extra or {})})
 
 
 def offline_wiring(builder: ExperimentBuilder, bus: EventBus, learner_cls: type,

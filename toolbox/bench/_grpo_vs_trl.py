@@ -51,7 +51,10 @@ REWARD = {"name": "weighted_sum", "weights": [1.0, 0.2],
 # docs/benchmarks.md): one rollout worker and one `single` learner rank with 2 torch threads each, packed rows.
 # 0.75x TRL on "small" against 0.57x for two of each role with 1 thread (FSDP2 over gloo on 2 cores costs more
 # than it shares), and start-up 16 s instead of 26 s. (On a loaded machine the 2-thread actors lose: OpenMP
-# threads spin-wait for cores other jobs hold.)
+# threads spin-wait for cores other jobs hold.) Packing is on, but this benchmark's fixed 64-token completions leave
+# too little padding for it to pay, so the learner runs them padded (`toolbox.learner.packed.PACK_BELOW`); the
+# learner's AdamW is the fused kernel (``learner.optim.kernel: auto``). Both measured by ``bench grpo_train_vs_trl``.
+# With them, later on 2026-11-30 at load 1-2: 0.85-0.98x TRL on "small", 1.04x on "medium" (docs/benchmarks.md).
 BEST_2CPU = ["rollout.num_workers=1", "rollout.torch_threads=2", "reward.num_workers=1", "learner.num_workers=1",
              "learner.strategy=single", "learner.torch_threads=2", "learner.micro_batch_size=8", "learner.packing=true"]
 

@@ -33,13 +33,19 @@ class RLlibRun:
     curve: list[dict[str, float]] = field(default_factory=list)  # per iteration: env_steps, wall_s, episode_return
 
 
-def result_point(result: dict[str, Any], wall_s: float) -> dict[str, float]:
-    """Env steps so far, seconds since training began, the smoothed training return (NaN before any episode
-    finished) and the finished episodes of one ``algo.train()``."""
+def result_point(result: dict[str, Any], wall_s: float, previous: dict[str, float] | None = None) -> dict[str, float]:
+    """Env steps so far, seconds since training began, the smoothed training return and the finished episodes of
+    one ``algo.train()``.
+
+    RLlib 2.60 puts ``env_runners/episode_return_mean`` in a result only when an episode ended during that
+    iteration. Where episodes all last as long (HalfCheetah: 1,000 steps, ended by the time limit, every env copy
+    in step) that is one iteration in sixteen, so the return of the ``previous`` point stands until the next one
+    comes; it is NaN only before any episode finished."""
     runners = result.get("env_runners", {})
     steps = runners.get("num_env_steps_sampled_lifetime") or result.get("num_env_steps_sampled_lifetime") or 0
     ret = runners.get("episode_return_mean")
-    return {"env_steps": float(steps), "wall_s": wall_s, "episode_return": float(ret) if ret is not None else math.nan,
+    held = previous["episode_return"] if previous is not None else math.nan
+    return {"env_steps": float(steps), "wall_s": wall_s, "episode_return": float(ret) if ret is not None else held,
             "episodes": float(runners.get("num_episodes_lifetime") or 0)}
 
 
@@ -53,7 +59,7 @@ def train_rllib(config: Any, max_steps: int, target: float | None = None, log: T
     t1 = time.perf_counter()
     try:
         while run.env_steps < max_steps and not run.reached and time.perf_counter() - t1 < max_wall_s:
-            point = result_point(algo.train(), time.perf_counter() - t1)
+            point = result_point(algo.train(), time.perf_counter() - t1, run.curve[-1] if run.curve else None)
             run.curve.append(point)
             run.env_steps = int(point["env_steps"])
             run.reached = target is not None and point["episode_return"] >= target  # NaN compares False

@@ -10,6 +10,7 @@ Both sides train the same network (two 64-64 tanh MLPs, policy and value apart) 
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -39,7 +40,38 @@ class Side(Protocol):
 
     def learn(self) -> tuple[int, float]: ...
 
+    def pids(self) -> list[int]:
+        """The side's worker processes (env runners, a learner actor), whose CPU time `cpu_seconds` adds up."""
+        ...
+
     def close(self) -> None: ...
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of the driver and of ``pids`` with their children (an async vector env's
+    subprocesses): what a side consumed, whatever share of the cores the rest of the machine left it."""
+    import psutil
+
+    total = time.process_time()
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            for p in [proc, *proc.children(recursive=True)]:
+                t = p.cpu_times()
+                total += t.user + t.system
+        except psutil.NoSuchProcess:  # a subprocess that ended between the listing and the read
+            continue
+    return total
+
+
+def actor_pids(group: Any) -> list[int]:
+    """The process ids of a `WorkerGroup`'s actors (none in local mode, where they run in the driver)."""
+    import ray
+
+    actors = getattr(group, "actors", [])
+    if not ray.is_initialized() or not actors:
+        return []
+    return [int(pid) for pid in ray.get([a.__ray_call__.remote(lambda _self: os.getpid()) for a in actors])]
 
 
 class Ours:
@@ -79,6 +111,9 @@ class Ours:
         self.trainer.train_step(self.step)
         self.step += 1
         return self.trainer.env_steps - before, time.perf_counter() - t0
+
+    def pids(self) -> list[int]:
+        return actor_pids(self.trainer.runners.group) + actor_pids(self.trainer.learner.group)  # type: ignore[attr-defined]
 
     def close(self) -> None:
         self.builder.shutdown()
@@ -126,6 +161,12 @@ class RLlib:
         lifetime = int(result["env_runners"]["num_env_steps_sampled_lifetime"])
         steps, self.lifetime = lifetime - self.lifetime, lifetime
         return steps, dt
+
+    def pids(self) -> list[int]:
+        """Its env runners (the learner runs in the driver, which `cpu_seconds` always counts)."""
+        group = self.algo.env_runner_group
+        assert group is not None, "RLlib built no env runners"
+        return [int(pid) for pid in group.foreach_env_runner(lambda _runner: os.getpid(), local_env_runner=False)]
 
     def close(self) -> None:
         self.algo.stop()

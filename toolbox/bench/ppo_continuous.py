@@ -1,7 +1,7 @@
 """PPO on a MuJoCo task (default HalfCheetah-v5): training return vs env steps and vs wall time, us beside RLlib.
 
-``python -m toolbox.bench ppo_continuous [--env-steps 1000000] [--seed 0] [--no-rllib] [--no-toolbox]
-[--rllib-curve FILE] [--toolbox-run DIR] [--rllib-log FILE] [--plot PNG] [--out FILE] [overrides ...]``
+``python -m toolbox.bench ppo_continuous [--env-steps 1000000] [--seed 0] [--return-window 20] [--no-rllib]
+[--no-toolbox] [--rllib-curve FILE] [--toolbox-run DIR] [--rllib-log FILE] [--plot PNG] [--out FILE] [overrides ...]``
 
 Our side is the ``ppo_halfcheetah`` recipe (``--experiment``), its budget cut to ``--env-steps``. RLlib's side
 runs PPO with the settings of its own tuned MuJoCo example (``rllib/examples/algorithms/ppo/mujoco_ppo.py``:
@@ -9,8 +9,8 @@ MeanStdFilter observations, 2,048-step batches of 512-row minibatches x 10 epoch
 entropy 0.01 annealed to 0 over 2M steps, GAE(0.99, 0.95), kl_coeff 0.5, clip 0.2, vf_clip 10, global grad norm
 50, separate 256x256 tanh nets with a 256 head, free log-std), with ``--rllib-runners`` env runners of 16 envs
 (the example's 4 is a resource setting; on 2 cores, 2 runners). Both sides report the mean return of recent
-*training* episodes (RLlib: ``env_runners/episode_return_mean``; ours: ``episode_return``) and are timed from
-their first training step. A long run can be recorded once (``--rllib-log``) and reported later
+*training* episodes, the last ``--return-window`` of them (RLlib: ``env_runners/episode_return_mean``, held over
+iterations in which no episode ended; ours: ``episode_return``) and are timed from their first training step. A long run can be recorded once (``--rllib-log``) and reported later
 (``--rllib-curve``, ``--toolbox-run``).
 """
 
@@ -36,8 +36,9 @@ def mean_std_filter(env: Any, spaces: Any = None, device: Any = None) -> Any:
     return MeanStdFilter()
 
 
-def rllib_config(env_id: str, seed: int, num_env_runners: int) -> Any:
-    """RLlib's PPO with the settings of its tuned MuJoCo example (see the module docstring)."""
+def rllib_config(env_id: str, seed: int, num_env_runners: int, return_window: int = 100) -> Any:
+    """RLlib's PPO with the settings of its tuned MuJoCo example (see the module docstring); its reported return is
+    the mean of the last ``return_window`` finished episodes (RLlib's default: 100)."""
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
     from torch.nn.init import orthogonal_
@@ -53,6 +54,7 @@ def rllib_config(env_id: str, seed: int, num_env_runners: int) -> Any:
         .rl_module(model_config=DefaultModelConfig(
             vf_share_layers=False, fcnet_hiddens=[256, 256], fcnet_kernel_initializer=orthogonal_,
             fcnet_activation="tanh", head_fcnet_hiddens=[256], head_fcnet_activation=None, free_log_std=True))
+        .reporting(metrics_num_episodes_for_smoothing=return_window)
         .debugging(seed=seed)
     )
 
@@ -60,7 +62,7 @@ def rllib_config(env_id: str, seed: int, num_env_runners: int) -> Any:
 def run_rllib(args: argparse.Namespace) -> Curve:
     log = open(args.rllib_log, "w") if args.rllib_log else None  # noqa: SIM115 (closed below)
     try:
-        run = train_rllib(rllib_config(args.env, args.seed, args.rllib_runners), args.env_steps, log=log,
+        run = train_rllib(rllib_config(args.env, args.seed, args.rllib_runners, args.return_window), args.env_steps, log=log,
                           max_wall_s=args.max_wall_s)
     finally:
         if log is not None:
@@ -78,6 +80,7 @@ def run_toolbox(args: argparse.Namespace) -> tuple[Curve, Path]:
     root = tempfile.mkdtemp(prefix="bench-ppo-continuous-")
     cfg = load_config([f"experiment={args.experiment}", f"trainer.run_root={root}", "trainer.run_name=toolbox",
                        "callbacks=[{name: jsonl}]", f"trainer.seed={args.seed}", "trainer.save_every=0",
+                       f"algorithm.return_window={args.return_window}",
                        f"trainer.total_steps={max(1, args.env_steps // per_step)}", *args.overrides])
     builder = ExperimentBuilder(cfg)
     try:
@@ -100,13 +103,31 @@ def toolbox_curve(run_dir: Path) -> Curve:
 
 
 def read_curve(path: str) -> Curve:
-    """A curve written by ``--rllib-log`` (one JSON point per line)."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """A curve written by ``--rllib-log`` (one JSON point per line); a return missing from a point (a log written
+    before `result_point` held the last one) is held from the point before, as `train_rllib` now does."""
+    curve: Curve = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            point = json.loads(line)
+            if math.isnan(point["episode_return"]) and curve:
+                point["episode_return"] = curve[-1]["episode_return"]
+            curve.append(point)
+    return curve
 
 
 def at_steps(curve: Curve, env_steps: float) -> dict[str, float] | None:
     """The first point at or past ``env_steps`` (None if the curve stops short of it)."""
     return next((p for p in curve if p["env_steps"] >= env_steps), None)
+
+
+def first_return(curve: Curve) -> str:
+    """When a curve's first mean training return came, or why it has none: both sides report returns of
+    *finished* episodes only (HalfCheetah's end after 1,000 steps of every env copy, on the time limit)."""
+    p = next((p for p in curve if not math.isnan(p["episode_return"])), None)
+    if p is not None:
+        return f"first mean training return at {int(p['env_steps']):,} env steps ({p['wall_s']:.0f} s)"
+    last = int(curve[-1]["env_steps"]) if curve else 0
+    return f"no episode finished in {last:,} env steps: no return to report"
 
 
 def summary_rows(curves: dict[str, Curve]) -> list[dict[str, Any]]:
@@ -159,6 +180,8 @@ def report(curves: dict[str, Curve], title: str) -> list[dict[str, Any]]:
         table.add_row(r["system"], f"{r['env_steps']:,}" + (" (last)" if r.get("last") else ""),
                       f"{r['episode_return']:.0f}", f"{r['wall_s']:.0f}")
     Console().print(table)
+    for system, curve in curves.items():
+        print(f"{system}: {first_return(curve)}")
     return rows
 
 
@@ -171,6 +194,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-wall-s", type=float, default=math.inf, help="Stop RLlib after this many training seconds.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rllib-runners", type=int, default=2, help="RLlib env runners (16 envs each).")
+    parser.add_argument("--return-window", type=int, default=20, help="Finished episodes both sides' training return "
+                        "averages (ours: algorithm.return_window; RLlib: metrics_num_episodes_for_smoothing).")
     parser.add_argument("--no-rllib", action="store_true", help="Skip RLlib.")
     parser.add_argument("--no-toolbox", action="store_true", help="Skip our side.")
     parser.add_argument("--rllib-log", default="", help="Write RLlib's curve here as it trains (JSONL).")

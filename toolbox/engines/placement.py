@@ -9,9 +9,11 @@
   sleep while the learner trains (`toolbox.trainers.online.OnlineTrainer`).
 
 `choose_sync_path` picks the weight-sync path from the config and, once the actors run, their nodes:
-``object_store`` (CPU learners or engines, engines on other nodes, engines that load CPU buckets), ``cuda_ipc``
-(vLLM / SGLang on the learner's own GPU) or ``nccl`` (both on GPUs, different devices of one node). ``nccl`` is
-not built in this release and falls back to the object store; the choice says so (`SyncPath.runs`).
+``object_store`` (CPU learners or engines, engines that load CPU buckets, LoRA, in-process runs), ``cuda_ipc``
+(vLLM / SGLang on the learner's own GPU) or ``nccl`` (both on GPUs of their own, on any nodes: learner rank 0
+broadcasts into the engines, `toolbox.engines.nccl_sync`). ``nccl`` runs for vLLM; for SGLang it is not built and
+falls back to the object store, and the choice says so (`SyncPath.runs`). `engine_weight_transfer` tells the
+engine at start which backend to load (vLLM fixes it then).
 """
 
 from __future__ import annotations
@@ -91,12 +93,21 @@ class SyncPath:
                 f"{self.runs}")
 
 
+def engine_weight_transfer(cfg: ExperimentConfig) -> dict[str, str]:
+    """What the engine builder injects so a vLLM engine starts with the backend the sync will use (vLLM fixes its
+    weight-transfer backend at start): ``{"weight_transfer": "nccl"}`` when `choose_sync_path` runs nccl, else
+    nothing (the engine's default)."""
+    return {"weight_transfer": "nccl"} if choose_sync_path(cfg).runs == "nccl" else {}
+
+
 def choose_sync_path(cfg: ExperimentConfig, learner_nodes: list[str | None] | None = None,
                      rollout_nodes: list[str | None] | None = None) -> SyncPath:
     """The weight-sync path from the config and, when known, the Ray node of each learner rank and rollout worker.
 
-    The learner exports CPU buckets in every case; ``cuda_ipc`` means the rollout worker (on the learner's node and
-    GPU) copies them onto that GPU and hands vLLM / SGLang CUDA IPC handles (`toolbox.engines.vllm`).
+    ``object_store`` and ``cuda_ipc``: the learner exports CPU buckets; with ``cuda_ipc`` the rollout worker (on the
+    learner's node and GPU) copies them onto that GPU and hands vLLM / SGLang CUDA IPC handles
+    (`toolbox.engines.vllm`). ``nccl``: no CPU buckets; learner rank 0 broadcasts from its GPU into every engine's
+    workers (NCCL also spans nodes, as the learner's own FSDP2 does), so the nodes only change the log line.
     """
     engine, learner, rollout = cfg.rollout.engine.name, cfg.learner, cfg.rollout
     if engine not in IPC_ENGINES:
@@ -108,7 +119,13 @@ def choose_sync_path(cfg: ExperimentConfig, learner_nodes: list[str | None] | No
     if rollout.placement == "colocate":
         if learner.gpus_per_worker + rollout.gpus_per_worker <= 1:
             return SyncPath("cuda_ipc", "cuda_ipc", f"learner rank i and {engine} engine i share one GPU")
-        return SyncPath("nccl", "object_store", "learner rank i and engine i share a node, on different GPUs")
-    if learner_nodes is not None and rollout_nodes is not None and not set(rollout_nodes) <= set(learner_nodes):
-        return SyncPath("object_store", "object_store", "some engines run on nodes without a learner rank")
-    return SyncPath("nccl", "object_store", "learner and engines on GPUs of their own")
+        why = "learner rank i and engine i share a node, on different GPUs"
+    elif learner_nodes is not None and rollout_nodes is not None and not set(rollout_nodes) <= set(learner_nodes):
+        why = "learner and engines on GPUs of their own; some engines on other nodes (NCCL over the network)"
+    else:
+        why = "learner and engines on GPUs of their own"
+    if learner.lora is not None:
+        return SyncPath("object_store", "object_store", "LoRA weights are merged or sent as an adapter on the CPU")
+    if cfg.ray.local_mode:
+        return SyncPath("object_store", "object_store", "ray.local_mode runs learner and engines one call at a time")
+    return SyncPath("nccl", "nccl" if engine == "vllm" else "object_store", why)

@@ -1,18 +1,30 @@
 """The vLLM engine: ``vllm.LLM`` offline generation, weights synced through vLLM's native weight transfer.
 
-Weight sync uses vLLM's ``ipc`` backend (``init_weight_transfer_engine`` / ``start_weight_update`` /
+Two backends, fixed when the engine starts (``weight_transfer``, chosen by
+`toolbox.engines.placement.choose_sync_path`): ``nccl`` when learner and engine have GPUs of their own -- learner
+rank 0 broadcasts from its GPU straight into vLLM's workers (`toolbox.engines.nccl_sync`; here:
+`VLLMEngine.open_device_sync` joins the group, `VLLMEngine.receive_weights` runs one round) -- and ``ipc``
+otherwise, described next.
+
+The ``ipc`` backend (``init_weight_transfer_engine`` / ``start_weight_update`` /
 ``update_weights`` / ``finish_weight_update``, vllm 0.33 ``vllm/distributed/weight_transfer/ipc_engine.py``):
 each bucket is copied onto the GPU(s) this process shares with vLLM and handed over as CUDA IPC handles, one
 ``{gpu uuid: rebuild_cuda_tensor args}`` dict per tensor -- the ``args`` half of ``reduce_tensor``, which the
 receiver indexes (it overwrites args[6], the device). vLLM reloads layer-wise between start and finish, so
 every GPU copy is kept alive until ``finish_weight_update`` has returned, as vLLM's own trainer side does.
 
+Sleep and wake (colocation): ``sleep`` is vLLM's level 1 (weights to host memory, KV cache dropped); the wake
+before a weight load is two-stage (``LLM.wake_up(tags)``, tags "weights" / "kv_cache"): `wake_weights` (``wake_up(tags=["weights"])``),
+the load, then `wake` takes the rest (``wake_up(tags=["kv_cache"])``), so the load never has the KV cache
+allocated beside it.
+
 With ``tensor_parallel_size > 1`` the engine uses vLLM's ``mp`` executor: inside a Ray actor vLLM would
 otherwise pick its Ray executor, which refuses the single multi-GPU bundle the actor already holds.
 
 Not covered without a GPU: CI's unit tests use a fake ``vllm`` module; where vllm is installed
-(``scripts/engine_contracts.sh``) the payload goes through vLLM's real worker-side receiver with CUDA mocked;
-the real IPC transfer runs in ``tests/gpu`` on a GPU machine.
+(``scripts/engine_contracts.sh``) the IPC payload goes through vLLM's real worker-side receiver, and the NCCL
+round through vLLM's real producer, receiver and worker, with CUDA (and the NCCL communicator) mocked; the real
+transfers run in ``tests/gpu`` on a GPU machine (NCCL: two GPUs).
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -36,13 +49,16 @@ from toolbox.engines.common import (
     request_seeds,
     tensor_bytes,
 )
+from toolbox.engines.nccl_sync import update_info
 from toolbox.learner.lora import LoraConfig, adapter_update, write_adapter_dir
 from toolbox.models.loading import load_tokenizer
 from toolbox.rl.batch import PromptRequest, RolloutBatch
-from toolbox.rl.weights import WeightBucket, unpack_bucket
+from toolbox.rl.weights import TensorSpec, WeightBucket, unpack_bucket
 
 log = logging.getLogger(__name__)
 VLLM_DEFAULT_MAX_LORA_RANK = 16  # vLLM's LoRAConfig.max_lora_rank default
+WeightTransfer = Literal["ipc", "nccl"]
+SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's level-1 sleep frees, in the order a weight load wakes them
 
 class VLLMEngineConfig(BaseModel):
     """Options of the ``vllm`` engine (passed to ``vllm.LLM``)."""
@@ -93,8 +109,14 @@ class VLLMEngine:
     """Samples with ``vllm.LLM``; behaviour log-probs are vLLM's log-prob of each sampled token."""
 
     def __init__(self, model_path: str, dtype: str = "float32", config: VLLMEngineConfig | None = None,
-                 seed: int = 0, trust_remote_code: bool = False) -> None:
+                 seed: int = 0, trust_remote_code: bool = False, weight_transfer: WeightTransfer = "ipc") -> None:
+        """``weight_transfer``: vLLM's weight-transfer backend (``ipc``: CPU buckets in, CUDA IPC into the workers;
+        ``nccl``: learner rank 0 broadcasts, after `open_device_sync`)."""
         self.config = config or VLLMEngineConfig()
+        self.weight_transfer = weight_transfer
+        self._update_info: dict[str, Any] | None = None  # nccl: the announced names/dtypes/shapes
+        self._sync_bytes = 0
+        self._asleep: set[str] = set()  # the SLEEP_TAGS not woken yet
         self.tokenizer = load_tokenizer(model_path, trust_remote_code)
         torch.manual_seed(seed)  # request seeds come from this process's torch stream, which checkpoints save
         # vLLM passes the CUDA IPC handles (which hold a rebuild function) to its workers by
@@ -121,13 +143,45 @@ class VLLMEngine:
             enforce_eager=cfg.enforce_eager,
             enable_sleep_mode=cfg.enable_sleep_mode,
             logprobs_mode=cfg.logprobs_mode,
-            weight_transfer_config={"backend": "ipc"},
+            weight_transfer_config={"backend": weight_transfer},
             **extra,
         )
+        if weight_transfer == "nccl":
+            log.info("vllm engine: weight sync path: NCCL broadcast from learner rank 0 into vLLM's %d worker(s), "
+                     "once the group is opened", cfg.tensor_parallel_size)
+            return
         # The IPC backend needs no rendezvous; init tells the workers the wire format (one handle per tensor).
         self.llm.init_weight_transfer_engine({"init_info": {"packed": False}})
         log.info("vllm engine: weight sync path: learner buckets via the object store, then CUDA IPC into vLLM's "
                  "workers (%d GPU(s) visible here)", torch.cuda.device_count())
+
+    @property
+    def sync_workers(self) -> int:
+        """How many NCCL ranks this engine takes in a device-to-device sync group (its tensor-parallel workers)."""
+        return self.config.tensor_parallel_size
+
+    def open_device_sync(self, init_info: dict[str, Any], manifest: Sequence[TensorSpec]) -> None:
+        """Join the NCCL group of `toolbox.engines.nccl_sync` (``init_info``: `NcclSyncInit.worker_info`; blocks
+        until learner rank 0 and every other engine worker joined) and keep the announced ``manifest`` for every
+        later `receive_weights`."""
+        if self.weight_transfer != "nccl":
+            raise RuntimeError(f"vllm engine: open_device_sync needs an engine started with weight_transfer='nccl'; "
+                               f"this one uses {self.weight_transfer!r}")
+        self.llm.init_weight_transfer_engine({"init_info": dict(init_info)})
+        self._update_info = update_info(manifest)
+        self._sync_bytes = sum(s.nbytes for s in manifest)
+
+    def receive_weights(self) -> int:
+        """One NCCL round (start, receive and load every chunk, finish) while learner rank 0 sends; returns the
+        bytes received."""
+        if self._update_info is None:
+            raise RuntimeError("vllm engine: receive_weights before open_device_sync (a rollout worker restarted by "
+                               "Ray is not in the learner's NCCL group)")
+        self.llm.start_weight_update()
+        self.llm.update_weights({"update_info": self._update_info})
+        self.llm.finish_weight_update()
+        self.llm.reset_prefix_cache()  # cached prefixes hold KV computed by the old weights
+        return self._sync_bytes
 
     def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
         seeds = request_seeds(call_rng(), len(requests), self.config.seeded)
@@ -155,6 +209,9 @@ class VLLMEngine:
             return self._load_adapter(buckets, lora)
         """Send each bucket through vLLM's IPC weight transfer (start, one update per bucket, finish); returns the
         bytes sent."""
+        if self.weight_transfer != "ipc":
+            raise RuntimeError("vllm engine: started for the nccl weight sync, it takes weights from learner rank 0 "
+                               "(receive_weights), not CPU buckets")
         if not torch.cuda.is_available():
             raise RuntimeError("vllm engine: weight sync over CUDA IPC needs a GPU visible to the rollout worker")
         llm, loaded = self.llm, 0
@@ -179,10 +236,26 @@ class VLLMEngine:
         if not self.config.enable_sleep_mode:
             raise RuntimeError("vllm engine: sleep() needs rollout.engine.enable_sleep_mode: true")
         self.llm.sleep(level=level)
+        self._asleep = set(SLEEP_TAGS)
+
+    def wake_weights(self) -> None:
+        """The first stage of a wake before a weight load: the weights' memory only (the KV cache stays free until
+        `wake`)."""
+        self._wake(("weights",))
 
     def wake(self) -> None:
-        """Take the GPU memory back after `sleep`."""
-        self.llm.wake_up()
+        """Take back whatever `sleep` freed and is not awake yet (all of it, or the KV cache after `wake_weights`)."""
+        self._wake(SLEEP_TAGS)
+
+    def _wake(self, tags: Sequence[str]) -> None:
+        todo = [t for t in SLEEP_TAGS if t in tags and t in self._asleep]
+        if not todo:
+            return
+        if len(todo) == len(SLEEP_TAGS):
+            self.llm.wake_up()  # everything at once: vLLM's plain wake
+        else:
+            self.llm.wake_up(tags=todo)
+        self._asleep -= set(todo)
 
     def _load_adapter(self, buckets: list[WeightBucket], lora: LoraConfig) -> int:
         """The adapter as a peft directory and a LoRA request with a new id (vLLM caches adapters by id, so a new

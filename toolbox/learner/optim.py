@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,20 @@ def build_optimizer(model: nn.Module, o: OptimConfig, optimizer_steps: int) -> t
     from transformers import get_scheduler
 
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
-    optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+    optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+                                  **adamw_kernel(o.kernel, trainable))
     scheduler = get_scheduler(o.scheduler, optimizer, num_warmup_steps=o.warmup_steps,
                               num_training_steps=max(1, optimizer_steps))
     return optimizer, scheduler
+
+
+def adamw_kernel(kernel: str, params: Sequence[torch.Tensor]) -> dict[str, bool]:
+    """``torch.optim.AdamW``'s keyword for ``learner.optim.kernel``: ``auto`` is ``fused`` where torch fuses these
+    parameters (floating point, all on cpu or cuda; FSDP2's DTensor shards included), else torch's default."""
+    if kernel == "auto":
+        fusable = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+        return {"fused": True} if params and fusable else {}
+    return {kernel: True} if kernel in ("fused", "foreach") else {"foreach": False}
 
 
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler,

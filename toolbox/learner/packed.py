@@ -75,6 +75,12 @@ def sequence_lengths(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
 # 9 / 64 / 224 tokens 1.35 / 0.88 / 0.59; issue 11's "medium", 8 rows of <= 80 tokens, rows of 65 / 151 / 297
 # tokens 0.69 / 0.47 / 0.52.
 ROW_TOKENS = 256
+# A micro-batch is packed only when its packed rows fill less than this share of the padded layout's slots. Packed rows
+# are longer, and a row's attention costs L x L however much of it the block-diagonal mask discards, so packing a batch
+# with little padding loses. Measured with one torch thread (issue 11's "small", 8 rows of 8-16 prompt tokens, one
+# GRPO update, CPU time, packed / padded): responses of 64 tokens (padded layout 4% padding) 1.11, of 32-64 (14%) 1.02,
+# of 16-64 (40%) 0.77, of 1-64 (54%) 0.52.
+PACK_BELOW = 0.8
 
 
 def pack_rows(batch: RolloutBatch, pad_id: int = 0, row_length: int | None = None) -> PackedRows:
@@ -131,7 +137,8 @@ def _placement(lengths: list[int], row_length: int) -> list[list[int]]:
 
 
 class RowForwards:
-    """A learner's forwards over rollout rows (padded, or packed with ``packing``), counting real and padded slots.
+    """A learner's forwards over rollout rows (padded, or packed with ``packing`` where the micro-batch's padded layout
+    wastes enough slots: `PACK_BELOW`), counting real and padded slots.
 
     ``real`` / ``slots``: input tokens that were sequence / all positions the forwards ran over since the last
     `reset`; ``1 - real / slots`` is the padding fraction (the ``pad_frac`` metric).
@@ -160,33 +167,35 @@ class RowForwards:
 
     def logprobs(self, model: nn.Module, rows: RolloutBatch) -> torch.Tensor:
         """``log p(response token | prefix)`` at the temperature, ``[B, R]`` (0 at padding)."""
-        if not self.packing:
-            self._count_padded(rows)
-            return response_logprobs(model, rows, self.temperature)
         packed = self._pack(rows)
+        if packed is None:
+            return response_logprobs(model, rows, self.temperature)
         logits = model(**packed.inputs.model_inputs()).logits
         logp_N = token_logprobs(packed.take(logits).unsqueeze(0), packed.labels_N.unsqueeze(0), self.temperature)
         return packed.to_BR(logp_N.squeeze(0))
 
     def values(self, critic: nn.Module, rows: RolloutBatch) -> torch.Tensor:
         """The critic's ``V`` of the state before each response token, ``[B, R]`` (0 at padding)."""
-        if not self.packing:
-            self._count_padded(rows)
-            return response_values(critic, rows)
         packed = self._pack(rows)
+        if packed is None:
+            return response_values(critic, rows)
         inputs = packed.inputs
         values = critic(input_ids=inputs.input_ids_BT, attention_mask=None, position_ids=inputs.position_ids_BT)
         return packed.to_BR(packed.take(values).to(rows.response_mask_BR.device))
 
-    def _pack(self, rows: RolloutBatch) -> PackedRows:
-        packed = pack_rows(rows, self.pad_id)
+    def _pack(self, rows: RolloutBatch) -> PackedRows | None:
+        """``rows`` packed, where packing is on and saves enough (`PACK_BELOW`); else None (run them padded). Counts
+        the slots of the layout chosen."""
+        real = int(rows.prompt_mask_BP.sum() + rows.response_mask_BR.sum())
+        padded = rows.prompt_ids_BP.numel() + rows.response_ids_BR.numel()
+        # Packed rows hold at least the real tokens: a batch with little padding is not worth packing.
+        packed = pack_rows(rows, self.pad_id) if self.packing and real < PACK_BELOW * padded else None
+        if packed is None or packed.inputs.input_ids_BT.numel() >= PACK_BELOW * padded:
+            self.real, self.slots = self.real + real, self.slots + padded
+            return None
         self.real += int((packed.inputs.doc_ids_BT > 0).sum())
         self.slots += packed.inputs.input_ids_BT.numel()
         return packed
-
-    def _count_padded(self, rows: RolloutBatch) -> None:
-        self.real += int(rows.prompt_mask_BP.sum() + rows.response_mask_BR.sum())
-        self.slots += rows.prompt_ids_BP.numel() + rows.response_ids_BR.numel()
 
 
 def balanced_shares(batch: RolloutBatch, world: int) -> list[torch.Tensor]:

@@ -27,6 +27,15 @@ class TinyModelConfig(BaseModel):
     seed: int = Field(0, description="Seed of the random init; same seed, same weights.")
 
 
+class ColdStartConfig(BaseModel):
+    """A short supervised run (e.g. SFT on demonstration episodes) whose exported policy this run starts from."""
+
+    model_config = ConfigDict(extra="forbid")
+    experiment: str = Field(description="The SFT experiment (a name under configs/experiments/ or a YAML path) run "
+                            "first, in this process (ray.local_mode, one learner rank), on this run's model.")
+    overrides: list[str] = Field([], description="Dotted overrides of that experiment (`trainer.total_steps=50`).")
+
+
 class ModelConfig(BaseModel):
     """Which policy to train."""
 
@@ -41,6 +50,9 @@ class ModelConfig(BaseModel):
     )
     dtype: str = Field("float32", description="Parameter dtype: float32 or bfloat16.")
     trust_remote_code: bool = Field(False, description="Passed to from_pretrained.")
+    cold_start: ColdStartConfig | None = Field(None, description="Start from the policy a supervised run "
+                                               "exports (cold start before RL, as DeepSeek-R1 and tool-use "
+                                               "trainers do); cached under run_root/.models. Null: none.")
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):  # noqa: ANN201 - transformers type

@@ -39,6 +39,9 @@ class ResponseRows(Protocol):
 def response_logprobs(model: nn.Module, rows: ResponseRows, temperature: float) -> torch.Tensor:
     """``log p(response token | prefix)`` at ``temperature`` for every response position, ``[B, R]`` (0 at padding)."""
     ids, attn, position_ids = rows.model_inputs()
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=False).logits
-    p = rows.prompt_ids_BP.shape[1]
-    return token_logprobs(logits[:, p - 1 : -1], rows.response_ids_BR, temperature) * rows.response_mask_BR
+    # Logits at the last R + 1 positions only (what TRL's logits_to_keep does): the output head skips the prompt,
+    # a large share of the forward when the vocabulary is large (150k for Qwen2).
+    r = rows.response_ids_BR.shape[1]
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=False,
+                   logits_to_keep=r + 1).logits
+    return token_logprobs(logits[:, :-1], rows.response_ids_BR, temperature) * rows.response_mask_BR
