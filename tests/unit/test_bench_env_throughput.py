@@ -67,10 +67,11 @@ class FakeSide:
     def close(self) -> None: ...
 
 
-def test_rounds_alternate_which_side_goes_first_and_learning_has_an_uncounted_warm_up() -> None:
+def test_rounds_alternate_which_side_goes_first_after_an_uncounted_warm_up() -> None:
     calls: list[str] = []
     out = measure([FakeSide("toolbox", calls), FakeSide("rllib", calls)], CARTPOLE_2x8, rounds=2, iters=1)
-    assert calls == ["toolbox.sample", "rllib.sample", "rllib.sample", "toolbox.sample",
+    assert calls == ["toolbox.sample", "rllib.sample",  # the warm-up rollout of each, not measured
+                     "toolbox.sample", "rllib.sample", "rllib.sample", "toolbox.sample",
                      "toolbox.learn", "rllib.learn",  # the warm-up step of each, not measured
                      "toolbox.learn", "rllib.learn", "rllib.learn", "toolbox.learn"]
     assert [(m.system, m.mode, m.rate) for m in out[:2]] == [("toolbox", "sample", 20.0), ("rllib", "sample", 20.0)]

@@ -1,12 +1,12 @@
 """Env steps per second of our env runners beside RLlib's, sampling only and sampling + learning.
 
 ``python -m toolbox.bench env_throughput [--envs CartPole-v1,HalfCheetah-v5] [--runners 1,2,4] [--num-envs 8]
-[--vectorization sync] [--steps-per-env 64] [--rounds 2] [--iters 3] [--no-rllib] [--plot PNG] [--out FILE]``
+[--vectorization sync] [--steps-per-env 64] [--rounds 3] [--iters 16] [--no-rllib] [--plot PNG] [--out FILE]``
 
 For every configuration (env x runners x envs per runner) both sides are built once, then measured in
 ``--rounds`` rounds that alternate which side goes first: ``--iters`` rollouts of every runner
-(sampling only), then ``--iters`` whole PPO training steps (sampling + learning; one warm-up step is not
-counted). A side's figure is the median over rounds of its env steps / seconds; each configuration
+(sampling only), then ``--iters`` whole PPO training steps (sampling + learning); one warm-up rollout and one
+warm-up training step are not counted. A side's figure is the median over rounds of its env steps / seconds; each configuration
 prints ``ratio X.XX`` (ours / RLlib, sampling only) and the learning ratio beside it. Each round also
 counts the CPU seconds of the side's processes (its actors with their subprocesses, and the driver): env
 steps per CPU second compare the sides at equal cores even on a machine whose other load leaves each side
@@ -75,14 +75,14 @@ def summarize(measures: list[Measure]) -> list[dict[str, Any]]:
 
 
 def measure(sides: list[Side], point: Point, rounds: int, iters: int) -> list[Measure]:
-    """Sampling rounds, then (after one warm-up training step each) learning rounds; the order flips every round.
+    """Sampling rounds, then learning rounds, each mode after one uncounted warm-up call per side; the order flips
+    every round.
     Each round also counts the CPU seconds the side's processes (and the driver) used."""
     out: list[Measure] = []
     pids = {side.name: side.pids() for side in sides}
     for mode in ("sample", "learn"):
-        if mode == "learn":
-            for side in sides:
-                side.learn()
+        for side in sides:  # a warm-up call per mode: first calls pay one-off costs (env resets, lazy inits)
+            side.sample() if mode == "sample" else side.learn()
         for r in range(rounds):
             for side in sides if r % 2 == 0 else sides[::-1]:
                 cpu0 = cpu_seconds(pids[side.name])
@@ -165,8 +165,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--num-envs", default="8", type=csv_ints, help="Env copies per runner (comma-separated).")
     parser.add_argument("--vectorization", default="sync", choices=["sync", "async"], help="Both sides' vector envs.")
     parser.add_argument("--steps-per-env", type=int, default=64, help="Rollout length per env copy (RLlib's fragment).")
-    parser.add_argument("--rounds", type=int, default=2, help="Alternating rounds per configuration (median taken).")
-    parser.add_argument("--iters", type=int, default=3, help="Rollouts or training steps per side per round.")
+    parser.add_argument("--rounds", type=int, default=3, help="Alternating rounds per configuration (median taken).")
+    parser.add_argument("--iters", type=int, default=16, help="Rollouts or training steps per side per round (16 "
+                        "rollouts of 64 steps: a whole 1,000-step MuJoCo episode, whose step cost varies with the state).")
     parser.add_argument("--no-rllib", action="store_true", help="Measure our side only.")
     parser.add_argument("--breakdown-envs", default="CartPole-v1,HalfCheetah-v5", help="Envs for the per-step breakdown ('' skips).")
     parser.add_argument("--plot", default="", help="Write the scaling curve (PNG) here.")
