@@ -271,6 +271,11 @@ def print_dry_run(cfg: ExperimentConfig, console: Console | None = None) -> int:
                          "prints them all)", ("setting", "value"), changed_settings(cfg)))
     console.print(_table("actors that would start (one placement group per role)",
                          ("role", "actor", "count", "each", "placement group", "what"), actor_rows(cfg)))
+    cold = cfg.model.cold_start
+    if cold is not None:
+        console.print(escape(f"model.cold_start: experiment {cold.experiment} {' '.join(cold.overrides)} runs first in "
+                             f"the driver's process (local mode, one learner rank) unless {cfg.trainer.run_root}/.models "
+                             "holds it from before; this run starts from the policy it exports"), soft_wrap=True)
     if "rollout" in cfg.algorithm.roles:
         from toolbox.engines.placement import choose_sync_path
 

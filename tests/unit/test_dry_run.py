@@ -94,3 +94,13 @@ def test_an_unreadable_model_path_is_a_config_error(tmp_path: Path, capsys: pyte
 
     assert code == 2
     assert f"model.path: cannot load a model config from '{missing}'" in capsys.readouterr().err
+
+
+def test_a_cold_start_is_listed_and_not_trained(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    root = tmp_path / "runs"
+    assert run_main(["experiment=grpo_tool_calc_tiny", f"trainer.run_root={root}", "--dry-run"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "model.cold_start: experiment sft_tool_calc_tiny" in out and "runs first" in out
+    assert not root.exists()
