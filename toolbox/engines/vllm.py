@@ -204,11 +204,11 @@ class VLLMEngine:
         return batch_from_samples(requests, samples, int(self.tokenizer.pad_token_id))
 
     def update_weights(self, buckets: list[WeightBucket]) -> int:
+        """Send each bucket through vLLM's IPC weight transfer (start, one update per bucket, finish), or load the
+        adapter (``learner.lora.sync: adapter``); returns the bytes sent."""
         lora = adapter_update(buckets)
         if lora is not None:  # learner.lora.sync: adapter
             return self._load_adapter(buckets, lora)
-        """Send each bucket through vLLM's IPC weight transfer (start, one update per bucket, finish); returns the
-        bytes sent."""
         if self.weight_transfer != "ipc":
             raise RuntimeError("vllm engine: started for the nccl weight sync, it takes weights from learner rank 0 "
                                "(receive_weights), not CPU buckets")
