@@ -20,6 +20,7 @@ next restart loudly).
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import ray
@@ -58,8 +59,12 @@ def recover(supervisor: str | None, rank: int) -> list[Any] | None:
     restart by Ray, the restart is reported and the bucket refs the dead process had loaded are returned (``[]``
     when it had loaded none). (A name, not a handle: Ray warns about every restartable actor whose constructor
     gets an actor handle or a ref.)"""
-    if supervisor is None or not ray.get_runtime_context().was_current_actor_reconstructed:
+    if supervisor is None:
         return None
+    with warnings.catch_warnings():  # Ray's own property reads its deprecated `actor_id`: a warning in every worker log
+        warnings.simplefilter("ignore", DeprecationWarning)
+        if not ray.get_runtime_context().was_current_actor_reconstructed:
+            return None
     from .resolve import node_info
 
     return ray.get(_named(supervisor).restarted.remote(rank, node_info()["node_ip"])) or []
