@@ -59,8 +59,9 @@ def cold_start(cfg: ExperimentConfig, base: str, run_root: Path) -> str:
     if (run_dir / DONE).is_file():
         log.info("model.cold_start: starting from %s (trained before)", exported)
         return str(exported)
+    args = cold_start_args(cfg, base, run_dir)
     try:
-        sub = load_config(cold_start_args(cfg, base, run_dir))
+        sub = load_config(args)
     except ConfigError as err:
         raise ConfigError(f"model.cold_start: {err}") from None
     log.info("model.cold_start: running experiment %s into %s", sub.experiment, run_dir)
@@ -72,6 +73,6 @@ def cold_start(cfg: ExperimentConfig, base: str, run_root: Path) -> str:
     if not (exported / "config.json").is_file():
         raise ConfigError(f"model.cold_start: experiment {sub.experiment!r} exported no policy to {exported} "
                           f"(algorithm {sub.algorithm.name!r}); use one that writes RUN_DIR/hf with trainer.export")
-    (run_dir / DONE).write_text(json.dumps({"experiment": sub.experiment, "args": cold_start_args(cfg, base, run_dir),
+    (run_dir / DONE).write_text(json.dumps({"experiment": sub.experiment, "args": args,
                                             "summary": summary}, indent=1, default=str))
     return str(exported)
