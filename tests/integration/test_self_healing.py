@@ -94,38 +94,53 @@ def test_killed_rollout_and_reward_workers_are_restarted_with_current_weights(ra
 
 @pytest.mark.slow
 def test_killed_learner_rank_restarts_the_group_from_the_last_checkpoint(ray_session: None, tmp_path: Path) -> None:
-    """Rank 1 of two FSDP2 ranks killed in step 3's update: both ranks start anew, load step 2's checkpoint,
-    and step 3 is done again; the run completes."""
+    """Rank 1 of two FSDP2 ranks killed twice: as step 2's checkpoint is about to be written (the group starts
+    anew from step_1, redoes step 2 and writes step_2), then in step 3's update (anew from step_2, step 3 done
+    again); the run completes."""
     cfg = load_config([f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0", "trainer.save_every=1",
                        "trainer.log_samples_every=0", "trainer.total_steps=3", "rollout.num_workers=1",
                        "reward.num_workers=1", "learner.num_workers=2", "learner.strategy=fsdp2",
-                       "algorithm.prompts_per_step=4", "learner.micro_batch_size=8", "learner.max_restarts=1"])
+                       "algorithm.prompts_per_step=4", "learner.micro_batch_size=8", "learner.max_restarts=2"])
     builder = ExperimentBuilder(cfg)
     trainer = builder.build_trainer()
-    learner = trainer.learner.group
-    update, prepare = trainer.learner.update, trainer.prepare
+    update, save, prepare = trainer.learner.update, trainer.learner.save, trainer.prepare
     resumed: list[int] = []
     killed_at: list[float] = []
+    saved: list[str] = []  # checkpoints written
+
+    def kill_rank_1() -> None:
+        sigkill(pid_of(trainer.learner.group.actors[1]))
+        killed_at.append(time.monotonic())
 
     def update_then_kill(*args: Any, **kwargs: Any) -> Any:
-        pid = pid_of(learner.actors[1]) if trainer.step == 2 and not killed_at else 0
+        pid = pid_of(trainer.learner.group.actors[1]) if saved[-1:] == ["step_2"] and len(killed_at) == 1 else 0
         pending = update(*args, **kwargs)
         if pid:
             sigkill(pid)
             killed_at.append(time.monotonic())
         return pending
 
+    def kill_then_save(path: str) -> str:
+        if path.endswith("step_2.tmp") and not killed_at:
+            kill_rank_1()
+        done = save(path)
+        saved.append(Path(path).stem)
+        return done
+
     def recorded_prepare() -> int:
         resumed.append(prepare())
         return resumed[-1]
 
-    trainer.learner.update, trainer.prepare = update_then_kill, recorded_prepare  # type: ignore[method-assign]
+    trainer.learner.update, trainer.learner.save = update_then_kill, kill_then_save  # type: ignore[method-assign]
+    trainer.prepare = recorded_prepare  # type: ignore[method-assign]
     try:
         summary = trainer.fit()
-        assert summary["steps"] == 3 and killed_at
-        assert resumed == [0, 2]  # the start, then step 2's checkpoint after the restart
-        assert [m["learner_restarts"] for m in trainer.history] == [0.0, 0.0, 1.0]
+        assert summary["steps"] == 3 and len(killed_at) == 2
+        assert resumed == [0, 1, 2]  # the start, step_1 after the death in step_2's save, step_2 after step 3's
+        assert [m["learner_restarts"] for m in trainer.history] == [0.0, 0.0, 2.0]
         assert Path(summary["last_checkpoint"]).name == "step_3"
+        assert sorted(p.name for p in (trainer.run_dir / "checkpoints").iterdir()) == [
+            "step_2", "step_3"]  # no half-written step_2.tmp left; keep_checkpoints=2 pruned step_1
         print(f"figures: learner rank killed -> step 3 done {trainer.history[-1]['step_time_s']:.1f}s after it began "
               f"(step 2 took {trainer.history[1]['step_time_s']:.1f}s)")
     finally:

@@ -155,6 +155,26 @@ def test_a_dead_learner_rank_restarts_the_group_and_redoes_the_steps_since_the_c
     assert metrics == {"loss": 5.0, "rollout_restarts": 2.0, "reward_restarts": 0.0, "learner_restarts": 1.0}
 
 
+def test_a_learner_rank_dying_in_a_checkpoint_save_redoes_the_steps_since_the_last_complete_one(tmp_path: Path) -> None:
+    from toolbox.core.errors import WorkerError
+    from toolbox.trainers.checkpoints import COMPLETE
+    from toolbox.trainers.healing import with_restarts
+
+    (tmp_path / "checkpoints" / "step_3").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_3" / COMPLETE).touch()
+    trainer, ran, saves = FakeTrainer(tmp_path, can_restart=True), [], []
+
+    def save() -> str:  # the save of step 5 (steps 0-4 done): the first try loses a rank
+        saves.append(list(ran))
+        if len(saves) == 1:
+            raise WorkerError("learner", 0, None, "save died: ActorDiedError")
+        return "step_5"
+
+    assert with_restarts(trainer, 5, ran.append, save) == "step_5"  # type: ignore[arg-type]
+    assert saves == [[], [3, 4]]  # tried again once steps 4 and 5 (indices 3, 4) were redone from step_3
+    assert trainer.learner.count == 1
+
+
 def test_without_learner_restarts_left_or_for_another_role_the_error_stands(tmp_path: Path) -> None:
     from toolbox.core.errors import WorkerError
     from toolbox.trainers.healing import step_with_restarts

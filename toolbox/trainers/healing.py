@@ -3,16 +3,18 @@ since it redone. Rollout and reward workers heal on their own (Ray restarts them
 learner ranks cannot come back one at a time (they share a process group and hold shards of one model), so the
 loop restarts them as a group, bounded by ``learner.max_restarts``.
 
-Not covered: a death outside a training step (during a checkpoint save or an evaluation) fails the run; the
-redone steps' metrics are not reported twice (the first report stands; the redo follows the same prompts and,
-as a resume from that checkpoint does, the same numbers).
+A death during a checkpoint save is survived the same way (the half-written ``step_N.tmp`` is never chosen: the
+steps since the newest complete checkpoint are redone and the save tried again); one during an evaluation (which
+runs on the rollout and reward workers) surfaces at the next step's update. The redone steps' metrics are not
+reported twice (the first report stands; the redo follows the same prompts and, as a resume from that checkpoint
+does, the same numbers).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from toolbox.core.errors import WorkerError
 from toolbox.trainers.checkpoints import latest_checkpoint
@@ -22,22 +24,29 @@ if TYPE_CHECKING:
     from toolbox.trainers.online import OnlineTrainer
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
-def step_with_restarts(trainer: OnlineTrainer, step: int, run_step: Callable[[int], Metrics]) -> Metrics:
-    """``run_step(step)``, recovering from learner deaths while ``trainer.learner.restart()`` allows; adds the
-    restart counts of every role (``rollout_restarts``, ``reward_restarts``, ``learner_restarts``)."""
+def with_restarts(trainer: OnlineTrainer, step: int, run_step: Callable[[int], Metrics], action: Callable[[], T]) -> T:
+    """``action()`` once steps ``0..step-1`` are done, recovering from learner deaths while
+    ``trainer.learner.restart()`` allows: the group restarts from the newest complete checkpoint, ``run_step``
+    redoes the steps since it, and ``action`` is tried again."""
     start = step
     while True:
         try:
             for redo in range(start, step):  # after a restart: the steps since the checkpoint (already reported)
                 run_step(redo)
-            metrics = run_step(step)
-            break
+            return action()
         except WorkerError as err:
             if err.role != "learner" or not trainer.learner.restart():
                 raise
             start = resume_latest(trainer, err)
+
+
+def step_with_restarts(trainer: OnlineTrainer, step: int, run_step: Callable[[int], Metrics]) -> Metrics:
+    """``run_step(step)`` under `with_restarts`; adds the restart counts of every role (``rollout_restarts``,
+    ``reward_restarts``, ``learner_restarts``)."""
+    metrics = with_restarts(trainer, step, run_step, lambda: run_step(step))
     metrics["rollout_restarts"] = float(trainer.rollout.restarts())
     metrics["reward_restarts"] = float(trainer.reward.restarts())
     metrics["learner_restarts"] = float(trainer.learner.restarts())

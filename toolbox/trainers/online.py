@@ -33,7 +33,7 @@ from toolbox.rl.batch import PromptRequest, RolloutBatch
 from toolbox.rl.sampling import choose_groups, informative_groups
 from toolbox.tracing.entries import TraceRequest
 from toolbox.trainers.base import BaseTrainer
-from toolbox.trainers.healing import step_with_restarts
+from toolbox.trainers.healing import step_with_restarts, with_restarts
 from toolbox.trainers.roles import Metrics, PolicyLearnerRole, RewardRole, RolloutRole, StatefulRole
 
 
@@ -166,7 +166,10 @@ class OnlineTrainer(BaseTrainer):
         return greedy_reward(self.prompts, self.rollout, self.reward, self.sampling, self.cfg.eval_prompts)
 
     def save(self, step: int) -> str:
-        return self.save_checkpoint(self.run_dir, step, self.learner.save)
+        """Step ``step``'s checkpoint; a learner rank dying while it is written restarts the group like a death in
+        a step (`with_restarts`)."""
+        return with_restarts(self, step, self.run_step,
+                             lambda: self.save_checkpoint(self.run_dir, step, self.learner.save))
 
     def stateful_roles(self) -> dict[str, StatefulRole]:
         """Rollout sampling and reward RNG streams; prompts follow from (seed, step) and need no state."""
