@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from toolbox.core.seeding import seed_everything
 from toolbox.engines.nccl_sync import NcclSyncInit, NcclWeightSender
+from toolbox.learner.host_offload import HostOffload
 from toolbox.learner.strategy import backend_for, peak_memory_gb, resolve_device
 from toolbox.models.loading import load_tokenizer
 from toolbox.rewards.base import RewardResult
@@ -68,6 +69,7 @@ class LearnerWorker:
                                     world_size=self.world_size, timeout=timedelta(seconds=timeout_s))
         seed_everything(self.seed + self.rank)
         self.learner = self.build()
+        self.host = host_offload(self.learner)
 
     def plan(self, shard_refs: list[ray.ObjectRef], reward_refs: list[ray.ObjectRef],
              keep_groups: list[int] | None, trace: TraceRequest | None = None) -> StepPlan:
@@ -97,20 +99,24 @@ class LearnerWorker:
         start = time.perf_counter()
         mine = plan.shards_for(self.rank)
         fetched = resolve([shard_refs[i] for i in mine])
-        metrics = self._learner.update(plan, dict(zip(mine, fetched)))
+        metrics = self._on_device().update(plan, dict(zip(mine, fetched)))
         return {**metrics, "train_s": time.perf_counter() - start, "peak_mem_gb": peak_memory_gb(self.device)}
 
     def update(self, *args: Any) -> dict[str, float]:
         """``learner.update`` with every ref (or list of refs) argument fetched first (offline step index, env
         runners' batch refs)."""
-        return self._learner.update(*(resolve(a) for a in args))
+        return self._on_device().update(*(resolve(a) for a in args))
 
     def evaluate(self, *args: Any) -> dict[str, float]:
         """``learner.evaluate`` (held-out metrics, no update) with ref arguments fetched first."""
-        return self._learner.evaluate(*(resolve(a) for a in args))
+        return self._on_device().evaluate(*(resolve(a) for a in args))
 
     def export_weights(self) -> list[Any]:
-        return [share(bucket) for bucket in self._learner.policy.export_weights()]
+        """Rank 0's buckets (every rank gathers); with ``learner.offload_while_generating`` the state then leaves the
+        GPU until the next call that needs it."""
+        buckets = [share(bucket) for bucket in self._on_device().policy.export_weights()]
+        self._offload()
+        return buckets
 
     # ---- device-to-device weight sync (toolbox.engines.nccl_sync; the driver side is toolbox.actors.device_sync)
     sender: NcclWeightSender | None = None
@@ -124,8 +130,12 @@ class LearnerWorker:
         self._sender().open(init)
 
     def send_weights(self) -> int:
-        """Every rank joins the gathers; rank 0 broadcasts to the engines (whose receive runs meanwhile)."""
-        return self._sender().send()
+        """Every rank joins the gathers; rank 0 broadcasts to the engines (whose receive runs meanwhile). Then, as
+        after `export_weights`, the state may leave the GPU."""
+        self._on_device()
+        sent = self._sender().send()
+        self._offload()
+        return sent
 
     def _sender(self) -> NcclWeightSender:
         if self.sender is None:
@@ -133,20 +143,39 @@ class LearnerWorker:
         return self.sender
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self._learner.policy.full_state_dict()
+        return self._on_device().policy.full_state_dict()
 
     def export_hf(self, path: str) -> str:
         """Collective: every rank joins the gather of the full weights; rank 0 writes the Hugging Face directory."""
-        return self._learner.policy.export_hf(path)
+        return self._on_device().policy.export_hf(path)
 
     def save(self, path: str) -> str:
-        return str(self._learner.policy.save(path))
+        return str(self._on_device().policy.save(path))
 
     def load(self, path: str) -> int:
-        return self._learner.policy.load(path)
+        return self._on_device().policy.load(path)
+
+    # ---- learner.offload_while_generating (toolbox.learner.host_offload)
+    host: HostOffload | None = None
+
+    def _on_device(self) -> Any:
+        """The learner, its state back on the GPU first if it was offloaded after the last export."""
+        if self.host is not None:
+            self.host.reload()
+        return self._learner
+
+    def _offload(self) -> None:
+        if self.host is not None:
+            self.host.offload()
 
     @property
     def _learner(self) -> Any:
         if self.learner is None:
             raise RuntimeError(f"learner rank {self.rank} was used before setup()")
         return self.learner
+
+
+def host_offload(learner: Any) -> HostOffload | None:
+    """The offloader of a learner whose config asks for ``learner.offload_while_generating`` (policy learners)."""
+    cfg = getattr(getattr(learner, "policy", None), "cfg", None)
+    return HostOffload.of(learner) if getattr(cfg, "offload_while_generating", False) else None

@@ -5,7 +5,8 @@
 # neither of which is the project's torch==2.13.0, and not each other's: so each engine gets its own
 # throwaway venv, the engine is installed first (it brings its torch), then the project with --no-deps
 # plus the small pure-Python packages the tests import. Then tests/unit/test_engine_contracts.py runs
-# in each venv: the tests that need the real package (importorskip) run there instead of skipping.
+# in each venv: the tests that need the real package (importorskip) run there instead of skipping
+# (among them the SGLang NCCL round: the learner's sender in a spawned process, SGLang's receiver over gloo).
 #
 # Needs about 10 GB of disk per venv (CUDA torch wheels; uv's cache hard-links what both share) and
 # no GPU: the real receivers run with CUDA mocked.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -85,19 +86,30 @@ def test_vllm_sleep_wake_sync_round_bf16(head64_model_dir: Path) -> None:
     assert (after.response_ids_BR[:, 0] == 0).all()  # all logits equal: argmax is token 0 iff the sync arrived
 
 
+def _nccl_engine(engine: str, path: str) -> object:
+    """An engine set up for the device-to-device sync, small enough to leave GPU 0 room (bf16, eager)."""
+    if engine == "vllm":
+        from toolbox.engines.vllm import VLLMEngine, VLLMEngineConfig
+
+        return VLLMEngine(path, dtype="bfloat16", seed=0, weight_transfer="nccl",
+                          config=VLLMEngineConfig(enforce_eager=True, gpu_memory_utilization=0.2))
+    from toolbox.engines.sglang import SGLangEngine, SGLangEngineConfig
+
+    return SGLangEngine(path, dtype="bfloat16", seed=0, config=SGLangEngineConfig(mem_fraction_static=0.2))
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs the learner and the engine on different GPUs")
-def test_vllm_nccl_sync_from_a_learner_gpu(head64_model_dir: Path) -> None:
-    """The ``nccl`` path without Ray: vLLM's worker on GPU 0, the learner's sender on GPU 1, both sides of each call
-    run at the same time (a thread stands in for the concurrent Ray calls); several packed chunks."""
-    pytest.importorskip("vllm")
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_nccl_sync_from_a_learner_gpu(engine: str, head64_model_dir: Path) -> None:
+    """The ``nccl`` path without Ray: the engine's worker on GPU 0, the learner's sender on GPU 1, both sides of each
+    call run at the same time (a thread stands in for the concurrent Ray calls); several packed chunks / buckets."""
+    pytest.importorskip(engine)
     from concurrent.futures import ThreadPoolExecutor
 
     from toolbox.engines.nccl_sync import NcclWeightSender, plan_group
-    from toolbox.engines.vllm import VLLMEngine, VLLMEngineConfig
 
     path = str(head64_model_dir)
-    eng = VLLMEngine(path, dtype="bfloat16", config=VLLMEngineConfig(enforce_eager=True, gpu_memory_utilization=0.2),
-                     seed=0, weight_transfer="nccl")
+    eng: Any = _nccl_engine(engine, path)
     requests = PromptSource(TASKS.build({"name": "digit_add"}), eng.tokenizer, seed=0).step(0, 4, 2)
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=4)
     assert not (eng.generate(requests, greedy).response_ids_BR[:, 0] == 0).all()
@@ -109,7 +121,7 @@ def test_vllm_nccl_sync_from_a_learner_gpu(head64_model_dir: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    init, offsets = plan_group("127.0.0.1", port, [eng.sync_workers], buffer_bytes=64 << 10)
+    init, offsets = plan_group("127.0.0.1", port, [eng.sync_workers], buffer_bytes=64 << 10, wire=engine)
     with ThreadPoolExecutor(1) as pool:
         joined = pool.submit(eng.open_device_sync, init.worker_info(offsets[0]), sender.manifest)
         sender.open(init)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from toolbox.data.tasks import TASKS
 from toolbox.engines.base import SamplingConfig
 from toolbox.engines.hf import HFEngine, HFEngineConfig
 from toolbox.learner.config import LearnerConfig
+from toolbox.learner.host_offload import HostOffload
 from toolbox.learner.policy import PolicyRank
 from toolbox.learner.strategy import backend_for, peak_memory_gb, resolve_device
 from toolbox.models.logprobs import response_logprobs
@@ -54,7 +56,9 @@ def _batch(vocab: int) -> RolloutBatch:
                         group_B=torch.arange(8), finish_B=torch.zeros(8, dtype=torch.long))
 
 
-def _train(model_dir: Path, **options: object) -> tuple[list[float], PolicyRank]:
+def _train(model_dir: Path, between: Callable[[PolicyRank], None] | None = None,
+           **options: object) -> tuple[list[float], PolicyRank]:
+    """``STEPS`` steps of the tiny model; ``between``: called after each optimizer step (a weight export's place)."""
     cfg = LearnerConfig(num_workers=1, strategy="fsdp2", device="cuda",
                         optim={"lr": 3e-3, "scheduler": "constant"}, **options)
     torch.manual_seed(0)
@@ -68,6 +72,8 @@ def _train(model_dir: Path, **options: object) -> tuple[list[float], PolicyRank]
         loss.backward()
         losses.append(float(loss))
         policy.optimizer_step()
+        if between is not None:
+            between(policy)
     with torch.no_grad():
         response_logprobs(policy.ref, batch, 1.0)  # the reference runs too (its shards live in host memory)
     return losses, policy
@@ -105,3 +111,27 @@ def test_learner_weights_into_hf_engine_on_cuda(nccl_group: None, tiny_model_dir
         torch.testing.assert_close(value.cpu(), learned[name], rtol=0, atol=0)
     after = engine.generate(requests, greedy)
     assert after.response_ids_BR.shape[0] == before.response_ids_BR.shape[0]
+
+
+def test_offload_while_generating_frees_the_gpu_and_changes_no_step(nccl_group: None, tiny_model_dir: Path) -> None:
+    """learner.offload_while_generating: after each step the policy's shards and AdamW state go to host memory (the
+    GPU keeps almost nothing), come back for the next step, and the losses are those of a run that never moved; the
+    reference, which FSDP2 keeps in host memory for good, stays there."""
+    plain, _ = _train(tiny_model_dir)
+    freed: list[tuple[int, int]] = []
+
+    def offload_and_back(policy: PolicyRank) -> None:
+        host = HostOffload.of(types.SimpleNamespace(policy=policy))
+        before = torch.cuda.memory_allocated()
+        host.offload()
+        assert {p.device.type for p in policy.model.parameters()} == {"cpu"}
+        assert {v.device.type for s in policy.optimizer.state.values() for v in s.values()} == {"cpu"}
+        freed.append((before, torch.cuda.memory_allocated()))
+        host.reload()
+        assert {p.device.type for p in policy.model.parameters()} == {"cuda"}
+        assert {p.device.type for p in policy.ref.parameters()} == {"cpu"}
+
+    moved, _ = _train(tiny_model_dir, between=offload_and_back, offload_while_generating=True)
+    assert moved == plain, (plain, moved)
+    print(f"\ndevice memory before / after offload (bytes): {freed}")
+    assert all(after < before / 4 for before, after in freed)

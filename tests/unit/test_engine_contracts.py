@@ -5,7 +5,8 @@ Fake ``vllm`` / ``sglang`` modules shaped like the real outputs exercise the con
 (``scripts/engine_contracts.sh`` builds throwaway venvs with the released wheels), the adapter's actual
 weight-sync payload goes through the package's own receiver -- vLLM's worker and
 ``IPCWeightTransferEngine``, SGLang's ``Engine`` / ``TokenizerManager`` / scheduler weight updater -- with
-CUDA replaced by `FakeIPC`. The http engine talks to a real stdlib OpenAI-style server with the real
+CUDA replaced by `FakeIPC`; the NCCL sync's rounds go through vLLM's real producer and consumer (communicator
+faked) and into SGLang's real distributed receiver (a real gloo group with the learner's sender in another process). The http engine talks to a real stdlib OpenAI-style server with the real
 ``openai`` client. Not covered here: real generation and real CUDA IPC (tests/gpu).
 """
 
@@ -30,7 +31,7 @@ from toolbox.engines import sglang as sglang_mod
 from toolbox.engines import vllm as vllm_mod
 from toolbox.engines.base import ENGINES, SamplingConfig
 from toolbox.engines.common import request_seeds, tensor_bytes
-from toolbox.engines.nccl_sync import NcclWeightSender, plan_group
+from toolbox.engines.nccl_sync import SGLANG_GROUP, NcclWeightSender, plan_group, weight_manifest
 from toolbox.models.tiny import build_char_tokenizer
 from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest
 from toolbox.rl.weights import TensorSpec, pack_state_dict
@@ -105,6 +106,10 @@ def test_sglang_api_we_call_exists() -> None:
     )
     assert callable(sglang.Engine.release_memory_occupation) and callable(sglang.Engine.resume_memory_occupation)
     assert callable(sglang.Engine.begin_weight_update) and callable(sglang.Engine.end_weight_update)
+    inspect.signature(sglang.Engine.init_weights_update_group).bind(
+        object(), master_address="h", master_port=1, rank_offset=1, world_size=2, group_name="g", backend="nccl")
+    inspect.signature(sglang.Engine.update_weights_from_distributed).bind(
+        object(), names=[], dtypes=[], shapes=[], group_name="g", flush_cache=True, load_format="flattened_bucket")
     # ServerArgs is a msgspec Struct in 0.5.23 (a dataclass before): read its field names either way.
     names = set(getattr(ServerArgs, "__struct_fields__", ())) or {f.name for f in dataclasses.fields(ServerArgs)}
     assert {"model_path", "dtype", "random_seed", "tp_size", "mem_fraction_static", "enable_memory_saver"} <= names
@@ -324,6 +329,16 @@ class FakeEngine:
             return False, "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
         self.updates.append((named_tensors, flush_cache))
         return True, "Success"
+
+    def init_weights_update_group(self, **kwargs: object) -> tuple[bool, str]:
+        self.updates.append(("init_weights_update_group", kwargs))
+        return True, "Succeeded to initialize custom process group."
+
+    def update_weights_from_distributed(self, **kwargs: object) -> tuple[bool, str]:
+        if self.updates[-1:] == ["end"] or "begin" not in self.updates:
+            return False, "update_weights_from_distributed must run between begin_weight_update() and ..."
+        self.updates.append(("distributed", kwargs))
+        return (False, "Failed to receive weights: boom") if kwargs["names"] == ["fail"] else (True, "Success")
 
 
 def test_sglang_generate_and_update(monkeypatch: pytest.MonkeyPatch, tok_dir: str) -> None:
@@ -649,3 +664,129 @@ def test_nccl_sync_through_real_vllm_producer_and_receiver(tok_dir: str, monkeyp
     assert log == ["start", ("load", ["w", "b"]), ("load", ["v"]), "finish", "reset_prefix_cache"]
     assert all(torch.equal(model.loaded[k], v.detach()) for k, v in learner.state_dict().items())
     assert model.loaded["b"].dtype == torch.bfloat16
+
+
+# ---- SGLang: the NCCL weight sync's engine side ---------------------------------------------------------------------
+def test_sglang_nccl_engine_side_protocol(monkeypatch: pytest.MonkeyPatch, tok_dir: str) -> None:
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=FakeEngine))
+    engine = sglang_mod.SGLangEngine(tok_dir, config=sglang_mod.SGLangEngineConfig(tp_size=2))
+    assert engine.sync_workers == 2
+    with pytest.raises(RuntimeError, match="before open_device_sync"):
+        engine.receive_weights()
+    init, offsets = plan_group("10.0.0.1", 29500, [1, engine.sync_workers], buffer_bytes=64, wire="sglang")
+    manifest = [*NCCL_MANIFEST, TensorSpec("v", "float32", (4,), 16)]  # 64 | 8 + 16: two buckets
+    engine.open_device_sync(init.worker_info(offsets[1]), manifest)
+    calls = engine.engine.updates
+    assert calls == [("init_weights_update_group", {"master_address": "10.0.0.1", "master_port": 29500,
+                                                    "world_size": 4, "rank_offset": 2, "group_name": SGLANG_GROUP,
+                                                    "backend": "nccl"})]
+    calls.clear()
+    assert engine.receive_weights() == 88
+    assert calls[0] == "begin" and calls[-1] == "end" and len(calls) == 4
+    assert [c[1] for c in calls[1:-1]] == [
+        {"names": ["w"], "dtypes": ["float32"], "shapes": [[4, 4]], "group_name": SGLANG_GROUP, "flush_cache": False,
+         "load_format": "flattened_bucket"},
+        {"names": ["b", "v"], "dtypes": ["bfloat16", "float32"], "shapes": [[4], [4]], "group_name": SGLANG_GROUP,
+         "flush_cache": True, "load_format": "flattened_bucket"}]
+    calls.clear()
+    engine._buckets = [[TensorSpec("fail", "float32", (1,), 4)]]
+    with pytest.raises(RuntimeError, match=r"update_weights_from_distributed \(bucket 0 of 1\) failed: .*boom"):
+        engine.receive_weights()
+    assert calls[-1] == "end"  # the session is closed, so the next round can open one
+
+
+def test_sglang_nccl_round_through_real_updater(tok_dir: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """Learner rank 0 (another process, SGLang's real ``init_custom_process_group`` and ``FlattenedTensorBucket``)
+    sends one round over gloo; here SGLang's real ``Engine`` -> ``TokenizerManager`` -> scheduler weight updater ->
+    model runner ``WeightUpdater`` join the group and receive it (the model's load is recorded)."""
+    sglang = pytest.importorskip("sglang")
+    import socket
+
+    import torch.multiprocessing as mp
+    from sglang.srt.entrypoints import engine as engine_module
+    from sglang.srt.entrypoints.engine import Engine
+    from sglang.srt.managers import tokenizer_control_mixin, tp_worker
+    from sglang.srt.managers.scheduler_components import weight_updater
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+    from sglang.srt.utils.aio_rwlock import RWLock
+
+    from tests.unit.sglang_sync_ranks import real_learner_rank, tiny_model
+
+    parallel = types.SimpleNamespace(tp_size=1, tp_rank=0, dp_size=1, tp_group=types.SimpleNamespace(cpu_group=None))
+    for module in (engine_module, tokenizer_control_mixin, tp_worker, weight_updater):
+        monkeypatch.setattr(module, "get_parallel", lambda: parallel)
+    log: list = []
+    receiver = WeightUpdater(tp_rank=0, device="cpu", gpu_id=0, model_config=None, custom_weight_loaders={},
+                             get_model=None, update_model_fields=None, recapture_cuda_graph=None,
+                             get_model_runner=None)
+
+    class RunnerLoader:  # the model's load_weights, recorded
+        def load_weights_from_distributed(self, named):  # noqa: ANN001, ANN202
+            log.append(("load", [(n, t.clone()) for n, t in named]))
+            return True, "Success"
+
+        def begin_weight_update(self) -> None:
+            log.append("begin")
+
+        def end_weight_update(self, run_post_load: bool) -> None:
+            log.append(("end", run_post_load))
+
+    model_runner = types.SimpleNamespace(weight_updater=receiver)
+    worker = types.SimpleNamespace(model_runner=model_runner,
+                                   weight_update_runners=lambda: [("target", types.SimpleNamespace(
+                                       weight_updater=RunnerLoader()))])
+    worker.init_weights_update_group = lambda req: tp_worker.BaseTpWorker.init_weights_update_group(worker, req)
+    scheduler = weight_updater.SchedulerWeightUpdaterManager(
+        tp_worker=worker, draft_worker=None, memory_saver_adapter=None, is_fully_idle=lambda **k: True,
+        flush_cache=lambda **k: log.append("flush") or True,
+        scheduler=types.SimpleNamespace(record_weight_version_change=lambda new_version: None))
+
+    def relay(handler):  # noqa: ANN001, ANN202
+        async def communicator(obj):  # noqa: ANN001, ANN202
+            return [handler(obj)]
+        return communicator
+
+    class WiredEngine(Engine):
+        def __init__(self, **kwargs: object) -> None:
+            self.loop = asyncio.new_event_loop()
+            tm = TokenizerManager.__new__(TokenizerManager)
+            tm.__dict__.update(
+                auto_create_handle_loop=lambda: None, _is_pause=False, is_pause_cond=asyncio.Condition(),
+                model_update_lock=RWLock(), mm_processor=None,
+                begin_weight_update_communicator=relay(scheduler.begin_weight_update),
+                end_weight_update_communicator=relay(scheduler.end_weight_update),
+                init_weights_update_group_communicator=relay(scheduler.init_weights_update_group),
+                update_weights_from_distributed_communicator=relay(scheduler.update_weights_from_distributed))
+            self.tokenizer_manager = tm
+
+    monkeypatch.setattr(sglang, "Engine", WiredEngine)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    learner = mp.get_context("spawn").Process(target=real_learner_rank,
+                                              args=("127.0.0.1", port, str(tmp_path / "learner-store"),
+                                                    str(tmp_path / "sent")))
+    learner.start()
+    # The engine's scheduler has its own default group (its tensor-parallel one), which SGLang's updater asserts.
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'engine-store'}", rank=0,
+                                         world_size=1)
+    try:
+        engine = sglang_mod.SGLangEngine(tok_dir)
+        model = tiny_model()
+        init, offsets = plan_group("127.0.0.1", port, [engine.sync_workers], buffer_bytes=40, wire="sglang")
+        engine.open_device_sync({**init.worker_info(offsets[0]), "backend": "gloo"}, weight_manifest(model))
+        received = engine.receive_weights()
+    finally:
+        learner.join(timeout=60)
+        if learner.is_alive():  # the engine side failed before the learner could finish: do not leave it waiting
+            learner.kill()
+        torch.distributed.destroy_process_group()
+    assert learner.exitcode == 0
+    loads = [step[1] for step in log if isinstance(step, tuple) and step[0] == "load"]
+    assert len(loads) == len(engine._buckets) > 1 and log[0] == "begin" and log[-2:] == ["flush", ("end", False)]
+    state = model.state_dict()
+    got = [pair for load in loads for pair in load]
+    assert [n for n, _ in got] == list(state) and all(torch.equal(t, state[n]) for n, t in got)
+    assert received == torch.load(tmp_path / "sent")["bytes"] == sum(t.numel() * 4 for t in state.values())
+    engine.engine.loop.close()

@@ -90,7 +90,8 @@ def policy_wiring(builder: ExperimentBuilder, bus: EventBus, learner_cls: type, 
     if log_placement(builder).runs == "nccl":
         from toolbox.actors.device_sync import open_nccl_sync
 
-        open_nccl_sync(roles.learner, roles.rollout, c.learner.bucket_mb << 20)
+        open_nccl_sync(roles.learner, roles.rollout, c.learner.bucket_mb << 20,
+                       wire="sglang" if c.rollout.engine.name == "sglang" else "vllm")
     return OnlineTrainer(builder.trainer_config(), bus, algo, c.rollout.sampling, roles.prompts, roles.rollout,
                          roles.reward, roles.learner, builder.run_dir, c.experiment, dynamic=dynamic,
                          colocate=c.rollout.placement == "colocate", max_staleness=c.rollout.max_staleness)
@@ -104,10 +105,12 @@ def log_placement(builder: ExperimentBuilder) -> SyncPath:
     c = builder.cfg
     path = choose_sync_path(c, builder.nodes.get("learner"), builder.nodes.get("rollout"))
     log.info("%s", path.describe())
-    if c.rollout.placement == "colocate" and c.learner.gpus_per_worker and c.learner.offload == "none":
+    if (c.rollout.placement == "colocate" and c.learner.gpus_per_worker and c.learner.offload == "none"
+            and not c.learner.offload_while_generating):
         log.warning("rollout.placement: colocate with learner.offload: none: each learner rank keeps its shards, "
-                    "gradients and AdamW state on the GPU while the engine generates; learner.offload: params moves "
-                    "them to host memory")
+                    "gradients and AdamW state on the GPU while the engine generates; "
+                    "learner.offload_while_generating: true moves them to host memory between the export and the next "
+                    "update (learner.offload: params keeps them there for good)")
     return path
 
 

@@ -1,6 +1,10 @@
-"""Device-to-device weight sync over NCCL: learner rank 0 broadcasts the full weights to every vLLM worker.
+"""Device-to-device weight sync over NCCL: learner rank 0 broadcasts the full weights to every engine worker.
 
-The wire is vLLM 0.33's own ``nccl`` weight-transfer backend (``vllm/distributed/weight_transfer/nccl_engine.py``):
+Two wires, one per engine (`NcclSyncInit.wire`); the learner's side (every rank walks the weights, rank 0 checks each
+tensor against the manifest and broadcasts) and the driver's (`toolbox.actors.device_sync`) are the same for both.
+
+**vLLM** (``wire="vllm"``): vLLM 0.33's own ``nccl`` weight-transfer backend
+(``vllm/distributed/weight_transfer/nccl_engine.py``):
 
 - **Group.** One NCCL group outside ``torch.distributed``'s default one (vLLM's ``StatelessProcessGroup`` +
   ``PyNcclCommunicator``): rank 0 is learner rank 0, ranks ``1 ..`` are the engines' workers (``rank_offset`` of
@@ -17,10 +21,20 @@ The wire is vLLM 0.33's own ``nccl`` weight-transfer backend (``vllm/distributed
   ``DTensor.full_tensor()``, a collective, one tensor at a time), rank 0 broadcasts each chunk from its GPU. Nothing
   goes through host memory or Ray's object store.
 
-The learner side needs ``vllm`` importable (it runs in the vLLM image, as the engines do) and CUDA; without
-them `NcclWeightSender.open` raises and says so. Not here: the decision to use it
-(`toolbox.engines.placement.choose_sync_path`), the Ray calls (`toolbox.actors.device_sync`), the engine side
-(`toolbox.engines.vllm.VLLMEngine.open_device_sync` / ``receive_weights``).
+**SGLang** (``wire="sglang"``): SGLang 0.5.23's distributed weight update. The group is a ``torch.distributed``
+process group of its own, made on both sides by SGLang's ``init_custom_process_group`` (TCP rendezvous at
+learner rank 0's address, store prefixed with the group name): the learner calls it directly, each engine through
+``Engine.init_weights_update_group(master_address, master_port, rank_offset, world_size, group_name, backend)``.
+A round is cut into buckets of at most ``learner.bucket_mb`` by `plan_buckets` (both sides, from the manifest);
+per bucket rank 0 broadcasts one flat byte tensor (SGLang's ``FlattenedTensorBucket`` layout) while the engine's
+``update_weights_from_distributed(names, dtypes, shapes, group_name, flush_cache, load_format="flattened_bucket")``
+receives it and loads it, inside one ``begin_weight_update`` / ``end_weight_update`` session.
+
+The learner side needs the engine's package importable (it runs in the engine's image, as the engines do) and,
+with ``backend="nccl"``, CUDA; without them `NcclWeightSender.open` raises and says so. Not here: the decision to
+use it (`toolbox.engines.placement.choose_sync_path`), the Ray calls (`toolbox.actors.device_sync`), the engine
+side (``open_device_sync`` / ``receive_weights`` of `toolbox.engines.vllm.VLLMEngine` and
+`toolbox.engines.sglang.SGLangEngine`).
 """
 
 from __future__ import annotations
@@ -28,7 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -36,6 +50,8 @@ from torch import nn
 from toolbox.rl.weights import TensorSpec
 
 PACKED_NUM_BUFFERS = 2  # vLLM's DEFAULT_PACKED_NUM_BUFFERS: double buffering on two CUDA streams
+SGLANG_GROUP = "toolbox_weight_sync"  # the group name SGLang's engines and learner rank 0 meet under
+Wire = Literal["vllm", "sglang"]
 
 
 @dataclass(frozen=True)
@@ -45,28 +61,51 @@ class NcclSyncInit:
     master_address: str
     master_port: int
     world_size: int  # 1 (learner rank 0) + every worker of every engine
-    buffer_bytes: int  # one packed chunk (learner.bucket_mb); both sides must agree
+    buffer_bytes: int  # one packed chunk / bucket (learner.bucket_mb); both sides must agree
     num_buffers: int = PACKED_NUM_BUFFERS
+    wire: Wire = "vllm"  # whose receiver the engines run
+    backend: str = "nccl"  # sglang wire: the torch.distributed backend (gloo only in the CPU contract tests)
 
     def trainer_info(self) -> dict[str, Any]:
         """What vLLM's ``nccl_common.trainer_init`` reads (the learner side is NCCL rank 0)."""
         return {"master_address": self.master_address, "master_port": self.master_port, "world_size": self.world_size}
 
     def worker_info(self, rank_offset: int) -> dict[str, Any]:
-        """The fields of vLLM's ``NCCLWeightTransferInitInfo`` for an engine whose first worker is NCCL rank
-        ``rank_offset`` (its tensor-parallel workers follow it)."""
+        """What an engine whose first worker is NCCL rank ``rank_offset`` (its tensor-parallel workers follow it)
+        joins with: vLLM's ``NCCLWeightTransferInitInfo`` fields, or SGLang's ``init_weights_update_group`` arguments
+        plus ``buffer_bytes`` (the engine cuts its buckets with `plan_buckets`)."""
+        if self.wire == "sglang":
+            return {**self.trainer_info(), "rank_offset": rank_offset, "group_name": SGLANG_GROUP,
+                    "backend": self.backend, "buffer_bytes": self.buffer_bytes}
         return {**self.trainer_info(), "rank_offset": rank_offset, "packed": True,
                 "packed_buffer_size_bytes": self.buffer_bytes, "packed_num_buffers": self.num_buffers}
 
 
-def plan_group(address: str, port: int, workers_per_engine: Sequence[int],
-               buffer_bytes: int) -> tuple[NcclSyncInit, list[int]]:
+def plan_group(address: str, port: int, workers_per_engine: Sequence[int], buffer_bytes: int,
+               wire: Wire = "vllm") -> tuple[NcclSyncInit, list[int]]:
     """The group's init and each engine's ``rank_offset``: learner rank 0 is rank 0, engine i's workers follow
     engine i-1's."""
     if not workers_per_engine or min(workers_per_engine) < 1:
         raise ValueError(f"nccl weight sync: every engine needs at least one worker, got {list(workers_per_engine)}")
     offsets = [1 + sum(workers_per_engine[:i]) for i in range(len(workers_per_engine))]
-    return NcclSyncInit(address, port, 1 + sum(workers_per_engine), buffer_bytes), offsets
+    return NcclSyncInit(address, port, 1 + sum(workers_per_engine), buffer_bytes, wire=wire), offsets
+
+
+def plan_buckets(manifest: Sequence[TensorSpec], buffer_bytes: int) -> list[range]:
+    """The SGLang wire's buckets: consecutive manifest entries, each bucket at most ``buffer_bytes`` (a larger tensor
+    alone), and a new bucket wherever a tensor would start at a byte offset its dtype cannot be viewed at (SGLang's
+    receiver refuses an unaligned offset). Learner and engines both cut from the manifest, so they agree."""
+    buckets: list[range] = []
+    start, size = 0, 0
+    for k, spec in enumerate(manifest):
+        itemsize = getattr(torch, spec.dtype).itemsize
+        if k > start and (size + spec.nbytes > buffer_bytes or size % itemsize):
+            buckets.append(range(start, k))
+            start, size = k, 0
+        size += spec.nbytes
+    if start < len(manifest):
+        buckets.append(range(start, len(manifest)))
+    return buckets
 
 
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -125,6 +164,33 @@ def checked(pairs: Iterator[tuple[str, torch.Tensor]], manifest: Sequence[Tensor
         raise ValueError(f"nccl weight sync: the learner sent {sent} tensors, {len(manifest)} were announced")
 
 
+def sglang_weight_sync() -> tuple[Any, Any]:
+    """SGLang's ``init_custom_process_group`` and ``FlattenedTensorBucket``; an error that says where they are needed
+    when SGLang is not installed."""
+    try:
+        from sglang.srt.utils import init_custom_process_group
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+    except ImportError as err:
+        raise RuntimeError("nccl weight sync: the learner joins SGLang's weight-update group and packs SGLang's "
+                           "flattened buckets, so sglang must be importable in the learner's environment too (run "
+                           "learner and engines from the SGLang image, docs/gpus.md)") from err
+    return init_custom_process_group, FlattenedTensorBucket
+
+
+def broadcast_buckets(pairs: Iterator[tuple[str, torch.Tensor]], buckets: Sequence[range], group: Any) -> None:
+    """The SGLang wire's send: per bucket, the tensors flattened into one byte tensor (SGLang's own
+    ``FlattenedTensorBucket``, so the layout is the receiver's) and broadcast from rank 0. ``pairs`` come
+    `checked`, and are walked to their end so that a tensor too many is an error too."""
+    import torch.distributed as dist
+
+    flattened_bucket = sglang_weight_sync()[1]
+    for bucket in buckets:
+        named = [next(pairs) for _ in bucket]
+        dist.broadcast(flattened_bucket(named_tensors=named).get_flattened_tensor(), src=0, group=group)
+    for _ in pairs:
+        pass
+
+
 def vllm_weight_transfer() -> Any:
     """vLLM's weight-transfer package; an error that says where it is needed when vLLM is not installed."""
     try:
@@ -153,15 +219,21 @@ class NcclWeightSender:
     def open(self, init: NcclSyncInit) -> None:
         """Rank 0 joins the group as NCCL rank 0 (blocks until every engine worker has joined too); other ranks
         only remember the init."""
-        if self.device is None or self.device.type != "cuda":
+        if init.backend == "nccl" and (self.device is None or self.device.type != "cuda"):
             raise RuntimeError(f"nccl weight sync: learner rank {self.rank} sees no GPU; the device-to-device sync "
                                f"needs the learner on cuda (learner.gpus_per_worker > 0)")
         self.init = init
-        if self.rank == 0:
-            vllm_weight_transfer()
-            from vllm.distributed.weight_transfer.nccl_common import trainer_init
+        if self.rank != 0:
+            return
+        if init.wire == "sglang":
+            join = sglang_weight_sync()[0]
+            self.group = join(backend=init.backend, init_method=f"tcp://{init.master_address}:{init.master_port}",
+                              world_size=init.world_size, rank=0, group_name=SGLANG_GROUP)
+            return
+        vllm_weight_transfer()
+        from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
-            self.group = trainer_init(init.trainer_info())
+        self.group = trainer_init(init.trainer_info())
 
     def send(self) -> int:
         """One round: every rank walks the full weights (the gathers), rank 0 broadcasts them in packed chunks.
@@ -177,6 +249,9 @@ class NcclWeightSender:
         if self.rank != 0:
             for _ in pairs:  # join each gather; rank 0 sends
                 pass
+        elif self.init.wire == "sglang":
+            broadcast_buckets(checked(pairs, self.manifest), plan_buckets(self.manifest, self.init.buffer_bytes),
+                              self.group)
         else:
             from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
 
@@ -188,7 +263,13 @@ class NcclWeightSender:
         return sum(s.nbytes for s in self.manifest) if self.rank == 0 else 0
 
     def close(self) -> None:
-        if self.group is not None:
+        if self.group is None:
+            return
+        if self.init is not None and self.init.wire == "sglang":
+            import torch.distributed as dist
+
+            dist.destroy_process_group(self.group)
+        else:
             self.group.destroy()
-            self.group = None
+        self.group = None
 

@@ -11,9 +11,10 @@
 `choose_sync_path` picks the weight-sync path from the config and, once the actors run, their nodes:
 ``object_store`` (CPU learners or engines, engines that load CPU buckets, LoRA, in-process runs), ``cuda_ipc``
 (vLLM / SGLang on the learner's own GPU) or ``nccl`` (both on GPUs of their own, on any nodes: learner rank 0
-broadcasts into the engines, `toolbox.engines.nccl_sync`). ``nccl`` runs for vLLM; for SGLang it is not built and
-falls back to the object store, and the choice says so (`SyncPath.runs`). `engine_weight_transfer` tells the
-engine at start which backend to load (vLLM fixes it then).
+broadcasts into the engines, `toolbox.engines.nccl_sync`). ``nccl`` runs for vLLM and SGLang; an SGLang engine
+with data-parallel replicas (``engine_kwargs.dp_size > 1``, which SGLang's distributed update refuses) falls back
+to the object store, and the choice says so (`SyncPath.runs`). `engine_weight_transfer` tells the engine at start
+which backend to load (vLLM fixes it then).
 """
 
 from __future__ import annotations
@@ -79,18 +80,19 @@ SyncKind = Literal["object_store", "cuda_ipc", "nccl"]
 
 @dataclass(frozen=True)
 class SyncPath:
-    """The weight-sync path the placement calls for (``chosen``), the one this release runs (``runs``), and why."""
+    """The weight-sync path the placement calls for (``chosen``), the one that runs (``runs``), why, and why the
+    engine cannot take the chosen one (``fallback``, when they differ)."""
 
     chosen: SyncKind
     runs: SyncKind
     reason: str
+    fallback: str = ""
 
     def describe(self) -> str:
         """One line for the run's log and ``--dry-run``."""
         if self.chosen == self.runs:
             return f"weight sync: {self.chosen} ({self.reason})"
-        return (f"weight sync: {self.chosen} chosen ({self.reason}); not built in this release, falls back to "
-                f"{self.runs}")
+        return f"weight sync: {self.chosen} chosen ({self.reason}); {self.fallback}: falls back to {self.runs}"
 
 
 def engine_weight_transfer(cfg: ExperimentConfig) -> dict[str, str]:
@@ -128,4 +130,9 @@ def choose_sync_path(cfg: ExperimentConfig, learner_nodes: list[str | None] | No
         return SyncPath("object_store", "object_store", "LoRA weights are merged or sent as an adapter on the CPU")
     if cfg.ray.local_mode:
         return SyncPath("object_store", "object_store", "ray.local_mode runs learner and engines one call at a time")
-    return SyncPath("nccl", "nccl" if engine == "vllm" else "object_store", why)
+    kwargs = getattr(cfg.rollout.engine, "engine_kwargs", {})
+    replicas = int(kwargs.get("dp_size", 1)) if engine == "sglang" else 1
+    if replicas > 1:
+        return SyncPath("nccl", "object_store", why, f"SGLang's update_weights_from_distributed refuses data-parallel "
+                        f"replicas (rollout.engine.engine_kwargs.dp_size: {replicas})")
+    return SyncPath("nccl", "nccl", why)

@@ -1,9 +1,17 @@
-"""The SGLang engine: ``sglang.Engine`` (offline, in-process), weights synced with ``update_weights_from_tensor``.
+"""The SGLang engine: ``sglang.Engine`` (offline, in-process), weights synced over NCCL from learner rank 0 or
+from CPU buckets with ``update_weights_from_tensor``.
 
-``Engine.update_weights_from_tensor(named_tensors, load_format=None, flush_cache=True)`` serialises
-the tensors with torch's multiprocessing reductions (CUDA IPC for GPU tensors, shared memory for CPU
-ones) to every tensor-parallel scheduler, which calls ``model.load_weights``. SGLang 0.5.23 refuses it
-outside a weight-update session, so a sync is ``begin_weight_update()``, one ``update_weights_from_tensor``
+**NCCL** (`toolbox.engines.placement.choose_sync_path` picks it when learner and engine have GPUs of their own):
+`SGLangEngine.open_device_sync` joins learner rank 0's group with ``Engine.init_weights_update_group`` (each
+tensor-parallel scheduler takes rank ``rank_offset + tp_rank``); `SGLangEngine.receive_weights` runs one round,
+``update_weights_from_distributed(..., load_format="flattened_bucket")`` per bucket of the manifest
+(`toolbox.engines.nccl_sync.plan_buckets`, the cut the learner broadcasts in) inside one weight-update session.
+
+**CPU buckets** (the object store; CUDA IPC when colocated):
+``Engine.update_weights_from_tensor(named_tensors, load_format=None, flush_cache=True)`` serialises the tensors
+with torch's multiprocessing reductions (CUDA IPC for GPU tensors, shared memory for CPU ones) to every
+tensor-parallel scheduler, which calls ``model.load_weights``. SGLang 0.5.23 refuses it outside a weight-update
+session, so a sync is ``begin_weight_update()``, one ``update_weights_from_tensor``
 per bucket, ``end_weight_update()`` (which finalises quantized weights into kernel layout). We stage each
 bucket on the GPU first, as SGLang's own tests do, and flush the radix cache only after the last bucket.
 
@@ -11,21 +19,24 @@ Behaviour log-probs are SGLang's ``output_token_logprobs``: ``log_softmax(logits
 top-k/top-p filtering (unless ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is set, which makes them raw),
 the same definition as the hf engine.
 
-Not covered without a GPU: unit tests drive `SGLangEngine` against a fake ``sglang`` module and,
-where SGLang is installed, check its signatures.
+Not covered without a GPU: unit tests drive `SGLangEngine` against a fake ``sglang`` module; where SGLang is
+installed (``scripts/engine_contracts.sh``) its scheduler's weight updater receives the learner's real broadcast
+over gloo, and the CPU-bucket payload goes through its real ``Engine`` and ``TokenizerManager``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolbox.engines.base import ENGINES, SamplingConfig
 from toolbox.engines.common import Sample, batch_from_samples, finish_code, tensor_bytes
+from toolbox.engines.nccl_sync import plan_buckets
 from toolbox.models.loading import load_tokenizer
 from toolbox.rl.batch import PromptRequest, RolloutBatch
-from toolbox.rl.weights import WeightBucket, unpack_bucket
+from toolbox.rl.weights import TensorSpec, WeightBucket, unpack_bucket
 
 
 class SGLangEngineConfig(BaseModel):
@@ -57,6 +68,8 @@ class SGLangEngine:
     def __init__(self, model_path: str, dtype: str = "float32", config: SGLangEngineConfig | None = None,
                  seed: int = 0, trust_remote_code: bool = False) -> None:
         self.config = config or SGLangEngineConfig()
+        self._group = ""  # NCCL: the weight-update group joined by open_device_sync
+        self._buckets: list[Sequence[TensorSpec]] = []  # NCCL: the manifest cut into the learner's buckets
         self.tokenizer = load_tokenizer(model_path, trust_remote_code)
         import sglang  # lazy: the module must import where SGLang is not installed
 
@@ -90,10 +103,46 @@ class SGLangEngine:
 
     def update_weights(self, buckets: list[WeightBucket]) -> int:
         """Load each bucket with ``update_weights_from_tensor`` inside one weight-update session; returns the bytes
-        sent. The session is closed even when a bucket fails, so the engine can take the next sync."""
+        sent."""
+        return self._session(lambda: self._send(buckets))
+
+    @property
+    def sync_workers(self) -> int:
+        """How many NCCL ranks this engine takes in a device-to-device sync group (its tensor-parallel schedulers)."""
+        return self.config.tp_size
+
+    def open_device_sync(self, init_info: dict[str, Any], manifest: Sequence[TensorSpec]) -> None:
+        """Join learner rank 0's weight-update group (``init_info``: `NcclSyncInit.worker_info` of the sglang wire;
+        blocks until every rank joined) and cut the announced ``manifest`` into the learner's buckets."""
+        info = dict(init_info)
+        buffer_bytes = int(info.pop("buffer_bytes"))
+        _check(self.engine.init_weights_update_group(**info), "init_weights_update_group")
+        self._group = str(info["group_name"])
+        self._buckets = [manifest[r.start:r.stop] for r in plan_buckets(manifest, buffer_bytes)]
+
+    def receive_weights(self) -> int:
+        """One NCCL round while learner rank 0 broadcasts: per bucket, ``update_weights_from_distributed`` receives
+        the flat bucket and loads it (the radix cache is flushed after the last). Returns the bytes received."""
+        if not self._buckets:
+            raise RuntimeError("sglang engine: receive_weights before open_device_sync (a rollout worker restarted by "
+                               "Ray is not in the learner's NCCL group)")
+        return self._session(self._receive)
+
+    def _receive(self) -> int:
+        last = len(self._buckets) - 1
+        for k, specs in enumerate(self._buckets):
+            result = self.engine.update_weights_from_distributed(
+                names=[s.name for s in specs], dtypes=[s.dtype for s in specs], shapes=[list(s.shape) for s in specs],
+                group_name=self._group, flush_cache=k == last, load_format="flattened_bucket")
+            _check(result, f"update_weights_from_distributed (bucket {k} of {last + 1})")
+        return sum(s.nbytes for specs in self._buckets for s in specs)
+
+    def _session(self, load: Callable[[], int]) -> int:
+        """``load`` inside one weight-update session (SGLang 0.5.23 refuses a load outside one); the session is
+        closed even when a bucket fails, so the engine can take the next sync."""
         _check(self.engine.begin_weight_update(), "begin_weight_update")
         try:
-            return self._send(buckets)
+            return load()
         finally:
             _check(self.engine.end_weight_update(), "end_weight_update")
 

@@ -59,6 +59,13 @@ class LearnerConfig(BaseModel):
         description="fsdp2 on cuda: FSDP2 CPUOffloadPolicy. FSDP2 offloads sharded parameters, gradients and optimizer "
         "state together (the AdamW step runs on the CPU), so 'optimizer' and 'params' are the same policy.",
     )
+    offload_while_generating: bool = Field(
+        False,
+        description="On cuda ranks: after each weight export the policy's (and a critic's) parameters, gradients and "
+        "optimizer state move to host memory, and come back before the next update, so a colocated engine "
+        "(rollout.placement: colocate) has the GPU while it generates. Costs two host-device copies of the state "
+        "per step; nothing moves on cpu ranks. Not with strategy ddp, nor with learner.offload (already on the host).",
+    )
     micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward; gradients accumulate over them.")
     packing: bool = Field(
         False,
@@ -89,4 +96,8 @@ class LearnerConfig(BaseModel):
             if getattr(self, name) != off and self.strategy != "fsdp2":
                 raise ValueError(f"learner.{name}: {getattr(self, name)!r} needs learner.strategy: fsdp2 (FSDP2's "
                                  f"policies implement it), not {self.strategy!r}; use {off!r} or fsdp2")
+        if self.offload_while_generating and (self.strategy == "ddp" or self.offload != "none"):
+            why = ("DDP's reducer keeps its gradient buckets on the GPU it was built on" if self.strategy == "ddp"
+                   else f"learner.offload: {self.offload!r} already keeps the state in host memory")
+            raise ValueError(f"learner.offload_while_generating: true cannot be combined with this learner: {why}")
         return self
