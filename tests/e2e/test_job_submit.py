@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,15 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import ray
+
+from tests.e2e.ray_nodes import BIN, free_port, start_node, stop_nodes
 
 pytestmark = pytest.mark.e2e
-BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_cli_rejects_bad_config_before_starting_anything(tmp_path: Path) -> None:
@@ -46,26 +41,29 @@ def test_cli_exits_non_zero_naming_the_late_worker(tmp_path: Path) -> None:
 
 @pytest.fixture
 def ray_head() -> Iterator[tuple[dict[str, str], str]]:
-    """A Ray head with token auth on this machine; stopped afterwards even if the test fails.
+    """A Ray head with token auth on this machine; stopped afterwards even if the test fails (its own
+    ``ray start --block`` process, never ``ray stop``: other Ray instances on the machine stay up).
 
     Its temp dir is short: Ray's unix socket paths must stay under 107 bytes.
     """
     temp = tempfile.mkdtemp(prefix="rayh", dir="/tmp")
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     env.pop("RAY_ADDRESS", None)
-    dash = free_port()
-    start = [str(BIN / "ray"), "start", "--head", "--num-cpus=4", f"--port={free_port()}",
-             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--include-dashboard=true",
-             f"--temp-dir={temp}"]
-    subprocess.run(start, env=env, check=True, capture_output=True, timeout=180)
-    try:
+    port, dash = free_port(), free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    head = ["--head", "--num-cpus=4", f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+            "--include-dashboard=true", f"--temp-dir={temp}", "--disable-usage-stats",
+            # the job agent's fixed default port (52365) may be held by another Ray instance on the machine
+            f"--dashboard-agent-listen-port={free_port()}"]
+    try:  # the GCS listens on this node's IP, not on 127.0.0.1
+        start_node(head, {**env, "RAY_ADDRESS": f"{ray.util.get_node_ip_address()}:{port}"}, 1, procs)
         yield env, f"http://127.0.0.1:{dash}"
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        stop_nodes(procs)
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def submit_when_agent_ready(submit: list[str], env: dict[str, str], within_s: float = 90.0) -> subprocess.CompletedProcess:
+def submit_when_agent_ready(submit: list[str], env: dict[str, str], within_s: float = 180.0) -> subprocess.CompletedProcess:
     """``ray job submit``, again while the new head's dashboard agent is still starting (a loaded machine):
     Ray refuses such a job before creating it ("No available agent"), so a retry cannot run it twice."""
     deadline = time.monotonic() + within_s

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,48 +26,14 @@ from pathlib import Path
 import pytest
 import ray
 
+from tests.e2e.ray_nodes import free_port, start_node, stop_nodes
 from tests.run_files import steps, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-BIN = Path(sys.executable).parent
 # The rollout workers need node_b (only the second node has it), the learner ranks node_a (only the head).
 SPLIT = ["experiment=grpo_tiny", "rollout.num_workers=2", "reward.num_workers=1", "learner.num_workers=2",
          "ray.placement.rollout.resources.node_b=1", "ray.placement.learner.resources.node_a=1", "algorithm.prompts_per_step=4", "learner.micro_batch_size=8",
          "trainer.total_steps=2", "trainer.eval_every=0", "callbacks=[{name: jsonl}]"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def alive_nodes(env: dict[str, str]) -> int:
-    """Alive nodes, asked from a short-lived driver (so this process never joins the cluster); 0 if none answers."""
-    probe = "import ray; ray.init(); print(sum(node['Alive'] for node in ray.nodes()))"
-    try:
-        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        return 0
-    last = out.stdout.strip().splitlines()[-1:] if out.returncode == 0 else []
-    return int(last[0]) if last and last[0].isdigit() else 0
-
-
-def start_node(args: list[str], env: dict[str, str], nodes: int, procs: list[subprocess.Popen[bytes]]) -> None:
-    """``ray start ARGS --block`` until the cluster has ``nodes`` nodes. On a loaded machine a raylet may miss
-    Ray's fixed 30 s registration window and its ``ray start`` exits: then it is started again."""
-    for _ in range(3):
-        proc = subprocess.Popen([str(BIN / "ray"), "start", *args], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        procs.append(proc)
-        deadline = time.monotonic() + 300
-        while proc.poll() is None and time.monotonic() < deadline:
-            if alive_nodes(env) >= nodes:
-                return
-            time.sleep(2.0)
-        if proc.poll() is None:
-            break
-    raise TimeoutError(f"ray start {' '.join(args)}: the cluster did not reach {nodes} nodes")
 
 
 @dataclass
@@ -104,21 +69,14 @@ def cluster() -> Iterator[Cluster]:
     env["RAY_AUTH_MODE"] = "token"
     port, ip = free_port(), ray.util.get_node_ip_address()  # the GCS listens on this node's IP, not on 127.0.0.1
     env["RAY_ADDRESS"] = f"{ip}:{port}"
-    nodes = Cluster(env, ["--block", "--num-cpus=2", f"--temp-dir={temp}", "--disable-usage-stats"])
+    nodes = Cluster(env, ["--num-cpus=2", f"--temp-dir={temp}", "--disable-usage-stats"])
     try:
         start_node(["--head", f"--port={port}", "--include-dashboard=false", '--resources={"node_a": 2}',
                     *nodes.common], env, 1, nodes.procs)
         nodes.start_second()
         yield nodes
     finally:
-        for proc in reversed(nodes.procs):  # only the processes this fixture started, by their ids
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in reversed(nodes.procs):
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_nodes(nodes.procs)  # only the processes this fixture started, by their ids
         shutil.rmtree(temp, ignore_errors=True)
 
 
