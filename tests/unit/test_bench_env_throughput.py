@@ -127,6 +127,9 @@ def test_rllib_return_is_read_from_its_new_stack_result_and_is_nan_until_an_epis
     assert math.isnan(first["episode_return"]) and first["episodes"] == 0 and first["env_steps"] == 30720
     assert second == {"env_steps": 32768.0, "wall_s": 120.0, "episode_return": -299.7, "episodes": 32.0}
     assert third["episode_return"] == -299.7 and third["env_steps"] == 34816  # held until RLlib reports again
+    # RLlib 2.60 also reports the key with a NaN value when no episode ended (what the 1M-step run's log shows)
+    nan_key = {"env_runners": {"num_env_steps_sampled_lifetime": 36864.0, "episode_return_mean": math.nan}}
+    assert result_point(nan_key, 160.0, third)["episode_return"] == -299.7
 
 
 def test_a_recorded_rllib_curve_holds_its_last_return_over_iterations_without_one(tmp_path: Path) -> None:
@@ -158,3 +161,22 @@ def test_continuous_benchmark_says_when_a_return_first_came_or_that_none_did() -
              {"env_steps": 32768.0, "wall_s": 320.0, "episode_return": -299.7}]
     assert first_return(curve) == "first mean training return at 32,768 env steps (320 s)"
     assert first_return(curve[:1]) == "no episode finished in 30,720 env steps: no return to report"
+
+
+def test_runner_profile_counts_each_stack_for_its_innermost_named_frame() -> None:
+    from toolbox.bench.runner_profile import split
+
+    step = "Worker.main_loop (ray/_private/worker.py:1);EnvRunner.rollout (toolbox/envs/env_runner.py:144)"
+    raw = "\n".join([
+        f"{step};SyncVectorEnv.step (gymnasium/vector/sync_vector_env.py:283);HalfCheetahEnv.step "
+        "(gymnasium/envs/mujoco/half_cheetah_v5.py:231) 6",  # the env, under the vector env and the runner
+        f"{step};NumpyStepPolicy.act (toolbox/envs/step_policy.py:110);_sum (numpy/_core/_methods.py:51) 3",
+        f"{step} 1",  # the runner's own line
+        "SingleAgentEnvRunner._sample (ray/rllib/env/single_agent_env_runner.py:518);ConnectorPipelineV2.__call__ "
+        "(ray/rllib/connectors/connector_pipeline_v2.py:60);TorchMLP.forward (ray/rllib/core/models/torch/primitives.py:186) 2",
+        "<module> (ray/_private/workers/default_worker.py:323);put (ray/_private/worker.py:900) 4",
+        "",
+    ])
+    assert split(raw) == {"env": 6 / 16, "ray call + object store": 4 / 16, "policy forward": 5 / 16,
+                          "runner bookkeeping": 1 / 16}
+    assert split("") == {}

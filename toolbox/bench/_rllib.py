@@ -40,12 +40,13 @@ def result_point(result: dict[str, Any], wall_s: float, previous: dict[str, floa
     RLlib 2.60 puts ``env_runners/episode_return_mean`` in a result only when an episode ended during that
     iteration. Where episodes all last as long (HalfCheetah: 1,000 steps, ended by the time limit, every env copy
     in step) that is one iteration in sixteen, so the return of the ``previous`` point stands until the next one
-    comes; it is NaN only before any episode finished."""
+    comes; it is NaN only before any episode finished. (The key may also be there with a NaN value: the same.)"""
     runners = result.get("env_runners", {})
     steps = runners.get("num_env_steps_sampled_lifetime") or result.get("num_env_steps_sampled_lifetime") or 0
     ret = runners.get("episode_return_mean")
     held = previous["episode_return"] if previous is not None else math.nan
-    return {"env_steps": float(steps), "wall_s": wall_s, "episode_return": float(ret) if ret is not None else held,
+    fresh = ret is not None and not math.isnan(ret)
+    return {"env_steps": float(steps), "wall_s": wall_s, "episode_return": float(ret) if fresh else held,
             "episodes": float(runners.get("num_episodes_lifetime") or 0)}
 
 

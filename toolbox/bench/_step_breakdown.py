@@ -3,8 +3,10 @@
 In-process (no Ray), one `EnvRunner` with the benchmark's policy (two 64-64 tanh MLPs), one thread. Three
 timings in CPU microseconds (the thread's own time, so a loaded machine skews them far less than wall time)
 per vector step of ``num_envs`` copies: the vector env stepped with precomputed
-random actions; ``prepare_obs`` + ``act`` on a fixed observation batch; a whole ``rollout``. What the
-whole rollout costs beyond the first two is the runner's overhead (numpy <-> torch, buffers, episode
+random actions; the runner's policy step (``prepare_obs`` + ``act`` + ``env_actions`` of its
+`toolbox.envs.step_policy`, numpy for an MLP) on a fixed observation batch, and beside it the same step
+through `ActorCritic`'s torch forward (what the runner used before); a whole ``rollout``. What the
+whole rollout costs beyond the env and the policy step is the runner's overhead (buffers, episode
 tallies, bootstrapping values on truncation).
 """
 
@@ -27,7 +29,8 @@ def per_call_us(fn: Callable[[], object], calls: int) -> float:
 
 
 def breakdown(env_id: str, num_envs: int, steps: int) -> dict[str, float]:
-    """``{"env_us", "policy_us", "runner_us", "overhead_us"}`` per vector step of ``num_envs`` copies."""
+    """``{"env_us", "policy_us", "torch_policy_us", "runner_us", "overhead_us"}`` per vector step of ``num_envs``
+    copies."""
     from toolbox.envs.config import EnvConfig
     from toolbox.envs.env_runner import EnvRunner
     from toolbox.envs.make import check_env
@@ -42,20 +45,31 @@ def breakdown(env_id: str, num_envs: int, steps: int) -> dict[str, float]:
         actions = [space.sample() for _ in range(steps + 1)]
         it = iter(actions)
         env_us = per_call_us(lambda: runner.envs.step(next(it)), steps)
-        obs = runner.obs
-        policy_us = per_call_us(lambda: runner.model.act(runner.model.prepare_obs(obs), generator=runner.generator), steps)
+        obs, policy, model = runner.obs, runner.policy, runner.model
+
+        def numpy_step() -> None:
+            policy.env_actions(policy.act(policy.prepare_obs(obs), generator=runner.generator)[0])
+
+        def torch_step() -> None:
+            with torch.inference_mode():
+                model.env_actions(model.act(model.prepare_obs(obs), generator=runner.generator)[0])
+
+        policy_us = per_call_us(numpy_step, steps)
+        torch_policy_us = per_call_us(torch_step, steps)
         runner_us = per_call_us(lambda: runner.rollout(steps), 1) / steps
     finally:
         runner.close()
-    return {"env_us": env_us, "policy_us": policy_us, "runner_us": runner_us,
+    return {"env_us": env_us, "policy_us": policy_us, "torch_policy_us": torch_policy_us, "runner_us": runner_us,
             "overhead_us": float(np.maximum(runner_us - env_us - policy_us, 0.0))}
 
 
 def print_breakdown(env_ids: list[str], num_envs: int, steps: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    print(f"one runner, {num_envs} envs, per vector step (us): env step | policy forward | whole runner step | overhead")
+    print(f"one runner, {num_envs} envs, per vector step (us): env step | policy step | (torch forward) | "
+          "whole runner step | overhead")
     for env_id in env_ids:
         b = breakdown(env_id, num_envs, steps)
         out.append({"env": env_id, **b})
-        print(f"  {env_id:<18} {b['env_us']:>8.0f} | {b['policy_us']:>8.0f} | {b['runner_us']:>8.0f} | {b['overhead_us']:>8.0f}")
+        print(f"  {env_id:<18} {b['env_us']:>8.0f} | {b['policy_us']:>8.0f} | ({b['torch_policy_us']:>6.0f}) | "
+              f"{b['runner_us']:>8.0f} | {b['overhead_us']:>8.0f}")
     return out

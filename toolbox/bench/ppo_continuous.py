@@ -26,7 +26,7 @@ from typing import Any
 from toolbox.bench._rllib import init_ray, rllib_available, train_rllib
 
 Curve = list[dict[str, float]]  # per training step/iteration: env_steps, wall_s, episode_return
-MILESTONES = (50_000, 100_000, 250_000, 500_000, 1_000_000)
+MILESTONES = (50_000, 100_000, 200_000, 500_000, 1_000_000)
 
 
 def mean_std_filter(env: Any, spaces: Any = None, device: Any = None) -> Any:

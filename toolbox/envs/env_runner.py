@@ -12,9 +12,10 @@ the episode tallies and the action-sampling generator, so a resumed run continue
 same episodes. An env that cannot be pickled is the exception: a resumed run then starts
 fresh episodes (it says so).
 
-Per step the runner does one batched policy forward for all copies; the per-step
-bookkeeping (rewards, dones, returns, raw observations) stays in preallocated numpy
-arrays that become tensors once per rollout, not once per step.
+Per step the runner does one batched policy forward for all copies, in numpy for MLP policies
+(`toolbox.envs.step_policy`: torch's per-op dispatch cost more than the arithmetic at this size); the
+per-step records (policy outputs, rewards, dones, returns, raw observations) stay numpy arrays that
+become tensors once per rollout, not once per step.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 
 from toolbox.envs.config import EnvConfig
 from toolbox.envs.make import make_env, make_vector_env
+from toolbox.envs.step_policy import step_policy
 from toolbox.envs.trajectory import TrajectoryBatch
 from toolbox.models.mlp import ActorCritic, PolicyConfig, SpaceSpec
 from toolbox.models.running_stats import moments
@@ -85,6 +87,7 @@ class EnvRunner:
     def __init__(self, env: EnvConfig, policy: PolicyConfig, spec: SpaceSpec, gamma: float, seed: int) -> None:
         self.env_cfg, self.gamma = env, gamma
         self.model = ActorCritic(spec, policy).eval().requires_grad_(False)
+        self.policy = step_policy(self.model)
         self.envs = make_vector_env(env, env_fns=[partial(fresh_copy, env) for _ in range(env.num_envs)])
         self.generator = torch.Generator().manual_seed(seed)
         self.obs, _ = self.envs.reset(seed=seed)
@@ -123,7 +126,9 @@ class EnvRunner:
 
     def load_weights(self, buckets: list[WeightBucket]) -> int:
         """Copy the learner's exported weights (and normalisation statistics) into the policy."""
-        return load_into(self.model, buckets)
+        loaded = load_into(self.model, buckets)
+        self.policy = step_policy(self.model)  # load_into may re-point parameters at new (shared) memory
+        return loaded
 
     @torch.no_grad()
     def rollout(self, num_steps: int) -> tuple[TrajectoryBatch, Episodes]:
@@ -131,27 +136,29 @@ class EnvRunner:
         n, obs_dim = self.env_cfg.num_envs, self.model.spec.obs_dim
         buf = _Buffers.empty(num_steps, n, obs_dim)
         episodes = Episodes()
+        policy = self.policy
         for t in range(num_steps):
             buf.raw_obs_TNO[t] = np.reshape(self.obs, (n, obs_dim))
-            with torch.inference_mode():  # less per-op overhead than no_grad; `batch` stacks into ordinary tensors
-                x = self.model.prepare_obs(self.obs)
-                actions, logp, value = self.model.act(x, generator=self.generator)
-            self.obs, reward, terminated, truncated, info = self.envs.step(self.model.env_actions(actions))
+            x = policy.prepare_obs(self.obs)
+            actions, logp, value = policy.act(x, generator=self.generator)
+            self.obs, reward, terminated, truncated, info = self.envs.step(policy.env_actions(actions))
             buf.record(t, (x, actions, logp, value), reward, terminated, truncated)
-            bootstrap = truncated & ~terminated  # a step that is both is a termination: nothing to bootstrap
-            if bootstrap.any():
-                buf.final_values_TN[t] = self._final_values(info, bootstrap)
-            self._track(reward, terminated | truncated, buf.discounted_TN[t], episodes)
+            done = terminated | truncated
+            if done.any():
+                bootstrap = truncated & ~terminated  # a step that is both is a termination: nothing to bootstrap
+                if bootstrap.any():
+                    buf.final_values_TN[t] = self._final_values(info, bootstrap)
+            self._track(reward, done, buf.discounted_TN[t], episodes)
         mean, var, count = moments(torch.from_numpy(buf.raw_obs_TNO.reshape(-1, obs_dim)))
-        last_value = self.model.value(self.model.prepare_obs(self.obs))
+        last_value = torch.from_numpy(policy.value(policy.prepare_obs(self.obs)))
         return buf.batch(last_value, mean, var, count), episodes
 
-    def _final_values(self, info: dict[str, Any], where: np.ndarray) -> torch.Tensor:
+    def _final_values(self, info: dict[str, Any], where: np.ndarray) -> np.ndarray:
         """``V(final obs)`` where an episode was truncated this step, 0 elsewhere."""
         idx = np.flatnonzero(where)
         final = np.stack([np.asarray(info["final_obs"][i], dtype=np.float32) for i in idx])
-        out = torch.zeros(len(where))
-        out[torch.from_numpy(idx)] = self.model.value(self.model.prepare_obs(final))
+        out = np.zeros(len(where), np.float32)
+        out[idx] = self.policy.value(self.policy.prepare_obs(final))
         return out
 
     def _track(self, reward: np.ndarray, done: np.ndarray, discounted_out: np.ndarray, episodes: Episodes) -> None:
@@ -178,8 +185,8 @@ class EnvRunner:
         obs, _ = self._eval_envs.reset(seed=seed)
         returns, done = np.zeros(num_episodes), np.zeros(num_episodes, dtype=bool)
         while not done.all():
-            actions, _, _ = self.model.act(self.model.prepare_obs(obs), deterministic=True)
-            obs, reward, terminated, truncated, _ = self._eval_envs.step(self.model.env_actions(actions))
+            actions, _, _ = self.policy.act(self.policy.prepare_obs(obs), deterministic=True)
+            obs, reward, terminated, truncated, _ = self._eval_envs.step(self.policy.env_actions(actions))
             returns += np.where(done, 0.0, reward)
             done |= terminated | truncated
         return returns.tolist()
@@ -193,10 +200,10 @@ class EnvRunner:
 @dataclass
 class _Buffers:
     """One rollout's ``[T, N]`` records: numpy arrays for what the env returned (written in place each step) and
-    lists of the policy's per-step tensors; `batch` makes both tensors once per rollout, not once per step."""
+    lists of the policy's per-step arrays; `batch` makes both tensors once per rollout, not once per step."""
 
-    policy: list[tuple[torch.Tensor, ...]]  # per step: (obs_NO, actions_N[A], logp_N, values_N)
-    final_values_TN: torch.Tensor
+    policy: list[tuple[np.ndarray, ...]]  # per step: (obs_NO, actions_N[A], logp_N, values_N)
+    final_values_TN: np.ndarray
     rewards_TN: np.ndarray
     terminated_TN: np.ndarray
     truncated_TN: np.ndarray
@@ -205,19 +212,19 @@ class _Buffers:
 
     @staticmethod
     def empty(t: int, n: int, obs_dim: int) -> _Buffers:
-        return _Buffers([], torch.zeros(t, n), np.zeros((t, n), np.float32), np.zeros((t, n), bool),
+        return _Buffers([], np.zeros((t, n), np.float32), np.zeros((t, n), np.float32), np.zeros((t, n), bool),
                         np.zeros((t, n), bool), np.zeros((t, n), np.float32), np.zeros((t, n, obs_dim)))
 
-    def record(self, t: int, policy: tuple[torch.Tensor, ...], reward: np.ndarray, terminated: np.ndarray,
+    def record(self, t: int, policy: tuple[np.ndarray, ...], reward: np.ndarray, terminated: np.ndarray,
                truncated: np.ndarray) -> None:
         self.policy.append(policy)
         self.rewards_TN[t], self.terminated_TN[t], self.truncated_TN[t] = reward, terminated, truncated
 
     def batch(self, last_value_N: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, count: float) -> TrajectoryBatch:
-        obs_TNO, actions_TN, logp_TN, values_TN = (torch.stack(column) for column in zip(*self.policy))
+        obs_TNO, actions_TN, logp_TN, values_TN = (torch.from_numpy(np.stack(column)) for column in zip(*self.policy))
         return TrajectoryBatch(
             obs_TNO=obs_TNO, actions_TN=actions_TN, logp_TN=logp_TN, values_TN=values_TN,
             rewards_TN=torch.from_numpy(self.rewards_TN), terminated_TN=torch.from_numpy(self.terminated_TN),
-            truncated_TN=torch.from_numpy(self.truncated_TN), final_values_TN=self.final_values_TN,
+            truncated_TN=torch.from_numpy(self.truncated_TN), final_values_TN=torch.from_numpy(self.final_values_TN),
             last_value_N=last_value_N, discounted_returns_TN=torch.from_numpy(self.discounted_TN),
             obs_mean_O=mean, obs_var_O=var, obs_count=count)
