@@ -157,7 +157,8 @@ class WorkerGroup:
             num_cpus=cpus, num_gpus=gpus, resources=self.resources,
             max_restarts=max_restarts, max_task_retries=-1 if max_restarts else 0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, first + i),
-            runtime_env={"env_vars": env or {}},
+            # No env to add: no runtime env, so Ray may hand the actor a worker process it started ahead
+            **({"runtime_env": {"env_vars": env}} if env else {}),
         ).remote(**make_kwargs(i), **healing)
         self.actors = [self.spawn(i) for i in range(num_workers)]
         self.replacements, self.max_replacements = 0, 0  # `replace_all`: times done, times allowed

@@ -1,4 +1,9 @@
-"""Shared fixtures: one local Ray instance per test session (integration tests), tiny models in tmp dirs."""
+"""Shared fixtures: one local Ray instance per test session (integration tests), tiny models in tmp dirs.
+
+Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) every test that starts Ray (tests/integration,
+tests/e2e) is in one group, so they run one after another in one worker, as without xdist: one Ray instance at a
+time, while the other worker runs the unit tests (no Ray).
+"""
 
 from __future__ import annotations
 
@@ -13,16 +18,26 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+RAY_DIRS = ("integration", "e2e")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.parent.name in RAY_DIRS:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
-    """A local Ray instance, shared by every integration test of the session."""
+    """A local Ray instance, shared by every integration test of the session, started as a run starts its own
+    (`toolbox.experiment.start_local`: the workers inherit the worker env, so the actors take the processes Ray
+    starts ahead)."""
     import ray
 
-    from toolbox.experiment import WORKER_ENV
+    from toolbox.experiment import start_local
 
-    if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False,
-                 runtime_env={"env_vars": WORKER_ENV}, log_to_driver=False)
+    if not ray.is_initialized():  # "local": never a cluster some `ray start` left behind
+        start_local({"address": "local", "num_cpus": 4, "include_dashboard": False, "log_to_driver": False})
     yield
     ray.shutdown()
 

@@ -152,7 +152,7 @@ def _group(cfg: Any, role: str, model_path: str, use_ray: bool) -> Any:
     from toolbox.actors.rollout import RolloutWorker
     from toolbox.algorithms.base import build_engine
     from toolbox.engines import ENGINES
-    from toolbox.experiment import WORKER_ENV
+    from toolbox.experiment import actor_env
 
     section = getattr(cfg, role)
     if role == "rollout":
@@ -168,7 +168,7 @@ def _group(cfg: Any, role: str, model_path: str, use_ray: bool) -> Any:
         torch.set_num_threads(threads)  # a RewardWorker pins torch to one thread: right in an actor, not here
         return LocalGroup(role, [worker])
     return WorkerGroup(role, cls, section.num_workers, kwargs, section.timeout_s, section.cpus_per_worker,
-                       getattr(section, "gpus_per_worker", 0.0), WORKER_ENV, cfg.ray.placement_timeout_s)
+                       getattr(section, "gpus_per_worker", 0.0), actor_env(), cfg.ray.placement_timeout_s)
 
 
 def eval_prompts(cfg: Any, model_path: str, opts: EvalOptions) -> tuple[list[Any], Any]:

@@ -134,6 +134,8 @@ class ExperimentBuilder:
         self.first_bundle: dict[str, int] = {}
         self.nodes: dict[str, list[str | None]] = {}  # role -> the Ray node id of each of its actors
         self.starting: list[tuple[str, Any]] = []  # (role, group) made with wait=False, not yet `started`
+        self.joining: list[Any] = []  # learner groups made with wait=False, joined into a process group by `started`
+        self.clock: Any = None  # the entry point's `toolbox.startup.StartupClock`: marks the start-up phases
         self._colocated_pg: Any = None  # rollout.placement: colocate: the placement group rollout and learner share
 
     def use_placement_group(self, pg: Any) -> None:
@@ -163,7 +165,7 @@ class ExperimentBuilder:
             if self.colocated(role):
                 placement = (self.colocated_pg(), 0)  # bundle i: rollout worker i and learner rank i
             where = self.cfg.ray.placement.get(role, RolePlacement())
-            group = WorkerGroup(role, cls, n, make_kwargs, timeout_s, cpus, gpus, WORKER_ENV,
+            group = WorkerGroup(role, cls, n, make_kwargs, timeout_s, cpus, gpus, actor_env(),
                                 self.cfg.ray.placement_timeout_s, placement, where.resources, where.strategy,
                                 max_restarts=self.max_restarts(role), wait=wait)
             if wait:
@@ -174,10 +176,24 @@ class ExperimentBuilder:
         return group
 
     def started(self) -> None:
-        """Wait for the groups made with ``wait=False`` (they started in parallel) and record their nodes."""
+        """Wait for the groups made with ``wait=False`` (they started in parallel) and record their nodes. Learner
+        groups first, each joined into its process group as soon as its ranks are up: the ranks build their
+        learners while the other roles' actors are still loading."""
+        joining, self.joining = self.joining, []
         starting, self.starting = self.starting, []
-        for role, group in starting:
+        for role, group in sorted(starting, key=lambda rg: not any(rg[1] is j for j in joining)):
             self._record_nodes(role, group.started())
+            if any(group is j for j in joining):
+                self.mark("actors")
+                self._join(group)
+                self.mark("process_group")
+        if starting:
+            self.mark("actors")  # the other roles' actors, if some were still loading
+
+    def mark(self, phase: str) -> None:
+        """The end of a start-up phase (`toolbox.startup`), when the entry point keeps a clock."""
+        if self.clock is not None:
+            self.clock.mark(phase)
 
     def _record_nodes(self, role: str, group: Any) -> None:
         self.nodes[role] = list(group.node_ids)
@@ -205,8 +221,11 @@ class ExperimentBuilder:
         state (learner shards, env episodes) cannot be rebuilt by a restart alone, so their death fails the run."""
         return getattr(self.cfg, role).max_restarts if role in SELF_HEALING_ROLES else 0
 
-    def learner_group(self, build: Callable[[], Any]) -> Any:
-        """The learner ranks, joined into one torch.distributed group, each holding ``build()``."""
+    def learner_group(self, build: Callable[[], Any], wait: bool = True) -> Any:
+        """The learner ranks, joined into one torch.distributed group, each holding ``build()``.
+
+        ``wait=False``: return once the actors are created; `started` waits for them (and the other roles' actors
+        starting meanwhile) and then joins them, so nothing may call the group before `started`."""
         from toolbox.actors.learner import LearnerWorker
 
         lc = self.cfg.learner
@@ -214,12 +233,21 @@ class ExperimentBuilder:
                                 backend=lc.backend, torch_threads=lc.torch_threads, seed=self.cfg.trainer.seed,
                                 device=lc.device)
         group = self.group("learner", LearnerWorker, lc.num_workers, kwargs, lc.timeout_s, lc.cpus_per_worker,
-                           lc.gpus_per_worker)
+                           lc.gpus_per_worker, wait=wait or self.cfg.ray.local_mode)
+        if wait or self.cfg.ray.local_mode:
+            self.mark("actors")
+            self._join(group)
+            self.mark("process_group")
+        else:
+            self.joining.append(group)
+        return group
+
+    def _join(self, group: Any) -> None:
+        lc = self.cfg.learner
         join_process_group(group, lc.timeout_s)
         if not self.cfg.ray.local_mode:  # a dead rank: every rank anew, joined again (`PolicyLearnerGroup.restart`)
             group.max_replacements = lc.max_restarts
             group.on_replace = functools.partial(join_process_group, timeout_s=lc.timeout_s)
-        return group
 
     def algorithm(self, cls: type[A]) -> A:
         """The algorithm section as its own config class (what an algorithm's wiring reads)."""
@@ -237,6 +265,8 @@ class ExperimentBuilder:
         if not self.cfg.ray.local_mode:
             check_run_root_shared(self.cfg.trainer, live_nodes())
         bus = EventBus()
+        if self.clock is not None:  # first: the first step's metrics get the start-up phases before callbacks see them
+            self.clock.attach(bus, self.run_dir)
         inject = {"run_dir": self.run_dir, "total_steps": self.cfg.trainer.total_steps}
         for spec in self.cfg.callbacks:
             CALLBACKS.build(spec, inject=inject).attach(bus)
@@ -303,11 +333,15 @@ def ray_init_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
     """Connect to ``ray.address`` / RAY_ADDRESS (a cluster, or ray job submit) or start a new local instance.
 
     Without an address the instance is always a new one (``address="local"``): ``None`` would join whatever
-    cluster /tmp/ray/ray_current_cluster names, someone else's, or a dead one that hangs start-up forever.
+    cluster /tmp/ray/ray_current_cluster names, someone else's, or a dead one that hangs start-up forever. Its
+    workers inherit `WORKER_ENV` from the raylet (`connect_ray`) rather than from a job runtime env, which would
+    keep Ray from handing the worker processes it starts ahead to our actors.
     """
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS") or "local"
-    kwargs: dict[str, Any] = {"address": address, "runtime_env": {"env_vars": WORKER_ENV}}
-    if address == "local":
+    kwargs: dict[str, Any] = {"address": address}
+    if address != "local":
+        kwargs["runtime_env"] = {"env_vars": WORKER_ENV}
+    else:
         kwargs["include_dashboard"] = False
         if cfg.ray.num_cpus:
             kwargs["num_cpus"] = cfg.ray.num_cpus
@@ -329,7 +363,7 @@ def connect_ray(cfg: ExperimentConfig, **overrides: Any) -> None:
     kwargs = {**ray_init_kwargs(cfg), **overrides}
     address = str(kwargs["address"])
     if address == "local":
-        ray.init(**kwargs)
+        start_local(kwargs)
         return
     field = f"ray.address={address}" if cfg.ray.address else f"RAY_ADDRESS={address}"
     timeout = cfg.ray.connect_timeout_s
@@ -348,6 +382,44 @@ def connect_ray(cfg: ExperimentConfig, **overrides: Any) -> None:
     finally:
         if previous is None:
             os.environ.pop(GCS_ATTEMPTS_ENV, None)
+
+
+# What the workers of a local instance started by `start_local` inherit, by the instance's GCS address.
+_INHERITED: dict[str, dict[str, str]] = {}
+
+
+def start_local(kwargs: dict[str, Any]) -> None:
+    """``ray.init`` of a new local instance whose processes inherit `WORKER_ENV`: set in this process's environment
+    while the head processes start (the raylet passes its environment on to every worker), then restored.
+
+    Why not a runtime env: Ray starts a worker process per CPU ahead, with the raylet's environment, and hands
+    one to an actor only when their runtime envs match; actors without one (`actor_env` is empty here) take
+    them, instead of each waiting for a new process (tests/integration/test_local_start.py)."""
+    import ray
+
+    if "runtime_env" in kwargs:  # asked for explicitly: Ray's way, no inheritance
+        ray.init(**kwargs)
+        return
+    saved = {k: os.environ.get(k) for k in WORKER_ENV}
+    os.environ.update(WORKER_ENV)
+    try:
+        ray.init(**kwargs)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    _INHERITED[ray.get_runtime_context().gcs_address] = dict(WORKER_ENV)
+
+
+def actor_env() -> dict[str, str]:
+    """The env vars an actor must be given (its runtime env): those of `WORKER_ENV` its worker process does not
+    inherit already (all of them, unless this process started the local instance it is connected to)."""
+    import ray
+
+    inherited = _INHERITED.get(ray.get_runtime_context().gcs_address, {}) if ray.is_initialized() else {}
+    return {k: v for k, v in WORKER_ENV.items() if inherited.get(k) != v}
 
 
 def unreachable(address: str, timeout_s: float) -> str:

@@ -20,6 +20,7 @@ from rich.markup import escape
 
 from toolbox.callbacks.console import stderr_console
 from toolbox.core.errors import ConfigError, WorkerError
+from toolbox.startup import StartupClock
 from toolbox.watchdog import start as start_watchdog
 
 log = logging.getLogger("toolbox")
@@ -45,6 +46,8 @@ def entry_point(argv: list[str] | None, help_text: str) -> tuple[Console, list[s
 
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done, 1 a worker failed, 2 a bad config."""
+    clock = StartupClock()  # from this process's launch (`toolbox.startup`)
+    clock.mark("launch")
     console, args = entry_point(argv, (__doc__ or "") + "\nExperiments live in configs/experiments/; see "
                                 "docs/configuration.md for every field.")
     if args is None:
@@ -61,10 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         from toolbox.dry_run import print_dry_run
 
         return print_dry_run(cfg)
-    return run(cfg, console)
+    return run(cfg, console, clock)
 
 
-def run(cfg, console: Console) -> int:  # noqa: ANN001 - ExperimentConfig, imported lazily
+def run(cfg, console: Console, clock: StartupClock | None = None) -> int:  # noqa: ANN001 - ExperimentConfig, lazily
+    """``clock``: marks the start-up phases (`toolbox.startup`); they are printed with the results."""
     import ray
 
     from toolbox import engines, rewards  # noqa: F401  (register built-ins)
@@ -77,6 +81,8 @@ def run(cfg, console: Console) -> int:  # noqa: ANN001 - ExperimentConfig, impor
         console.print(f"[bold red]config error[/]: {escape(str(err))}")
         return 2
     console.print(f"run directory: [bold]{builder.run_dir}[/]")
+    builder.clock = clock
+    builder.mark("config")
     started_ray = False
     stop, watchdog = SignalStop(), None  # SIGTERM/SIGINT unwind the run: Ray shut down, exit 128 + signal
     if not cfg.ray.local_mode and not ray.is_initialized():
@@ -90,10 +96,13 @@ def run(cfg, console: Console) -> int:  # noqa: ANN001 - ExperimentConfig, impor
             return stop.end(watchdog, stop.report(console, builder.run_dir))
         started_ray = True
         stop.install()
+        builder.mark("ray_init")
     try:
         trainer = builder.build_trainer()
         summary = trainer.fit()
         console.print(f"results: {builder.run_dir}  (total wall time incl. start-up: {time.perf_counter() - started:.0f}s)")
+        if clock is not None and clock.done:
+            console.print(f"start-up: {clock.summary()}")
         return 0 if summary else 1
     except ConfigError as err:  # what only the cluster tells (e.g. a local run_root on several nodes)
         console.print(f"[bold red]config error[/]: {escape(str(err))}")

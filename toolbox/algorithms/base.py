@@ -74,10 +74,11 @@ def policy_roles(builder: ExperimentBuilder, learner_cls: type, algo: AlgorithmC
         c.reward.timeout_s, c.reward.cpus_per_worker, 0.0, wait=False,
     ))
     learner = PolicyLearnerGroup(builder.learner_group(
-        partial(learner_cls, path, c.model.dtype, c.learner, algo, c.trainer.total_steps)))
-    builder.started()  # rollout and reward actors loaded while the learner ranks did
-    return PolicyRoles(rollout, reward, learner, PromptSource(TASKS.build(c.task, inject={"data": c.data}), load_tokenizer(path),
-                                                           c.trainer.seed))
+        partial(learner_cls, path, c.model.dtype, c.learner, algo, c.trainer.total_steps), wait=False))
+    # The driver's own start-up (the tokenizer) while the actors of every role start
+    prompts = PromptSource(TASKS.build(c.task, inject={"data": c.data}), load_tokenizer(path), c.trainer.seed)
+    builder.started()  # every role's actors started at once; then the learner ranks join their process group
+    return PolicyRoles(rollout, reward, learner, prompts)
 
 
 def policy_wiring(builder: ExperimentBuilder, bus: EventBus, learner_cls: type, algo: GroupSampling,

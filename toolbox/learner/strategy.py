@@ -17,7 +17,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from toolbox.core.devices import CPU, resolve_device
 
@@ -149,6 +148,10 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The unsharded state dict on rank 0 (empty on other ranks), on CPU. Collective: every rank calls it."""
     if not is_distributed():
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    # Here, not at the top: it imports DTensor and sympy (~1 s), which the driver (it imports learner classes to
+    # start their actors) never needs
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(unwrap(model), options=options)  # type: ignore[return-value]
 

@@ -1,0 +1,55 @@
+"""A local instance started by `connect_ray` (real Ray, in a fresh process: the session's instance is not one):
+its workers inherit the worker env, the driver's own env is left as it was, and actors run in the worker
+processes Ray started ahead instead of each waiting for a new one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = textwrap.dedent("""
+    import json, os, time
+    import psutil, ray
+    from toolbox.actors.group import WorkerGroup
+    from toolbox.config import load_config
+    from toolbox.experiment import WORKER_ENV, actor_env, connect_ray
+
+    class Probe:
+        def ready(self):
+            return {}
+        def report(self):
+            return os.getpid(), {k: os.environ.get(k) for k in WORKER_ENV}
+
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"  # the driver's own choice, which start-up must leave alone
+    connect_ray(load_config(["ray.num_cpus=2"]))
+    idle, deadline = set(), time.monotonic() + 60
+    while not idle and time.monotonic() < deadline:  # the workers Ray starts ahead, once they are up
+        idle = {p.pid for p in psutil.Process().children(recursive=True) if p.name() == "ray::IDLE"}
+        time.sleep(0.2)
+    group = WorkerGroup("rollout", Probe, 2, lambda r: {}, timeout_s=120, cpus=0.01, env=actor_env())
+    reports = group.call("report")
+    print(json.dumps({"driver": os.environ["TOKENIZERS_PARALLELISM"], "idle": sorted(idle), "env": actor_env(),
+                      "workers": reports}))
+    ray.shutdown()
+""")
+
+
+def test_a_local_instance_hands_its_started_workers_to_actors_with_the_worker_env() -> None:
+    from toolbox.experiment import WORKER_ENV
+
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["driver"] == "true"  # restored after ray.init
+    assert out["env"] == {}  # nothing to add per actor: no runtime env, so the started workers match
+    assert out["idle"], "Ray started no worker ahead"
+    for _, env in out["workers"]:
+        assert env == WORKER_ENV  # inherited from the raylet
+    reused = {pid for pid, _ in out["workers"]} & set(out["idle"])
+    assert reused, f"no actor ran in a worker Ray had started ahead: actors {out['workers']}, idle {out['idle']}"

@@ -1,0 +1,125 @@
+"""``python -m toolbox.bench startup``: launch to the end of step 1 of the default run, phase by phase.
+
+Runs ``python -m toolbox.run`` (``experiment=grpo_tiny`` unless ``--override experiment=...`` says otherwise)
+``--rounds`` times as a fresh process, each ``trainer.total_steps=--steps`` with evaluation off (unless an
+``--override trainer.eval_every=N`` turns it on: the whole default run is ``--steps 400 --override
+trainer.eval_every=25``), and prints for
+each run: seconds from the launch to the end of step 1 (the first ``step_end`` in its metrics.jsonl), to the
+process's exit, the CPU seconds its process tree (the driver, its local Ray instance and every worker) had spent
+when step 1 ended (sampled from outside every 0.2 s, so any commit can be measured the same way), and the start-up
+phases it wrote to RUN_DIR/startup.json (`toolbox.startup`); then the medians, and the load average before and
+after (the machine's other work shows in every wall-clock figure; the CPU seconds hold up better).
+
+``--tree DIR`` (repeatable) runs the same command with ``PYTHONPATH=DIR`` for each tree in turn, alternating
+within every round: a checkout of another commit measured beside this one (a tree without
+``toolbox/startup.py`` reports no phases; its launch-to-step-1 time still comes from its metrics). A tree's
+``toolbox/actors`` must resolve inside it (a checkout of this repository has ``actors/`` at the top: link it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m toolbox.bench startup", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3, help="runs per tree (median reported)")
+    p.add_argument("--steps", type=int, default=1, help="trainer.total_steps of each run")
+    p.add_argument("--tree", action="append", default=[], help="a source tree to put first on PYTHONPATH "
+                   "(repeatable; default: none, the installed toolbox)")
+    p.add_argument("--override", action="append", default=[], help="a dotted config override for every run")
+    p.add_argument("--run-root", default="", help="where the runs go (default: a temporary directory)")
+    p.add_argument("--out", default="", help="write every run's figures here as JSON")
+    return p.parse_args(argv)
+
+
+def one_run(tree: str, steps: int, overrides: list[str], run_root: Path, name: str) -> dict[str, Any]:
+    """One launch of the default run; its wall times and start-up phases."""
+    env = dict(os.environ)
+    if tree:
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(tree).resolve()), *filter(None, [env.get("PYTHONPATH")])])
+    cmd = [sys.executable, "-m", "toolbox.run", f"trainer.total_steps={steps}", "trainer.eval_every=0", *overrides,
+           f"trainer.run_root={run_root}", f"trainer.run_name={name}"]  # an --override can turn evaluation on
+    run_dir, launched = run_root / name, time.time()
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, env=env, cwd=tree or None, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        cpu_s = tree_cpu_until(proc, run_dir / "metrics.jsonl")
+        code = proc.wait()
+        exited = time.time() - launched
+        if code != 0:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(cmd)} exited with {code}:\n{err.read()[-3000:]}")
+    phases_file = run_dir / "startup.json"
+    phases = json.loads(phases_file.read_text()) if phases_file.exists() else {}
+    return {"tree": tree or "installed", "to_step_1_s": first_step(run_dir / "metrics.jsonl")["time"] - launched,
+            "to_exit_s": exited, "tree_cpu_s": cpu_s, **phases}
+
+
+def first_step(metrics: Path) -> dict[str, Any]:
+    """The first ``step_end`` record of a metrics.jsonl (``{}`` while there is none)."""
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    return next((r for r in map(json.loads, lines) if r.get("event") == "step_end"), {})
+
+
+def tree_cpu_until(proc: subprocess.Popen[str], metrics: Path) -> float:
+    """CPU seconds of ``proc`` and its descendants (each process's latest reading, summed) sampled every 0.2 s
+    until ``metrics`` records a step or ``proc`` exits."""
+    import psutil
+
+    root, seen = psutil.Process(proc.pid), {}
+    while proc.poll() is None and not first_step(metrics):
+        try:
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            break
+        for p in tree:
+            try:
+                times = p.cpu_times()
+                seen[(p.pid, p.create_time())] = times.user + times.system
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+    return sum(seen.values())
+
+
+def median_table(runs: list[dict[str, Any]]) -> list[str]:
+    """One line per tree: the median of every figure over its runs."""
+    lines = []
+    for tree in dict.fromkeys(r["tree"] for r in runs):
+        mine = [r for r in runs if r["tree"] == tree]
+        keys = [k for k in mine[0] if k != "tree"]
+        cells = ", ".join(f"{k.removeprefix('startup/')} {statistics.median(r[k] for r in mine if k in r):.1f}"
+                          for k in keys)
+        lines.append(f"median of {len(mine)} [{tree}]: {cells}")
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    overrides = args.override if any(o.startswith("experiment=") for o in args.override) else \
+        ["experiment=grpo_tiny", *args.override]
+    run_root = Path(args.run_root or tempfile.mkdtemp(prefix="toolbox-startup-"))
+    trees = args.tree or [""]
+    load_before = os.getloadavg()
+    runs = []
+    for r in range(args.rounds):
+        for i, tree in enumerate(trees):
+            run = one_run(tree, args.steps, overrides, run_root, f"startup-{r}-{i}-{time.time_ns()}")
+            runs.append(run)
+            print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in run.items()}), flush=True)
+    print(*median_table(runs), sep="\n")
+    print(f"load average (1, 5, 15 min): before {load_before}, after {os.getloadavg()}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"runs": runs, "load_before": load_before,
+                                              "load_after": os.getloadavg()}, indent=1))
+    return 0
