@@ -5,7 +5,7 @@ processes it starts, all descendants of the driver. Summing RSS over processes w
 library page (libtorch) once per process, so the sampler sums PSS (proportional set size: a page shared
 by n processes counts 1/n in each), read by psutil from ``/proc/PID/smaps_rollup``. It polls from a
 daemon thread; a short peak between two samples can be missed (the period is stated with the figure).
-CPU time (user + system, all threads) of the tree is the load-robust twin of wall time on a shared machine:
+CPU time (user + system, all threads) of the tree (`toolbox.startup.tree_cpu_s`) is the load-robust twin of wall time on a shared machine:
 it counts the work done, not the waiting for cores other jobs hold (nor a side's own idle waits).
 """
 
@@ -42,11 +42,6 @@ def _sum_over_tree(root: psutil.Process, measure: Callable[[psutil.Process], flo
 def tree_pss_mib(root: psutil.Process) -> float:
     """PSS of ``root`` and all its descendants now, in MiB (processes that vanish meanwhile count 0)."""
     return _sum_over_tree(root, lambda p: p.memory_full_info().pss) / MIB
-
-
-def tree_cpu_s(root: psutil.Process | None = None) -> float:
-    """CPU seconds (user + system) used so far by ``root`` (default: this process) and its live descendants."""
-    return _sum_over_tree(root or psutil.Process(), lambda p: sum(p.cpu_times()[:2]))  # user + system, one read
 
 
 class PeakTreeMemory:
