@@ -24,7 +24,7 @@ lint: setup
 	$(BIN)/mypy toolbox actors  # actors/ is checked as a top-level package (relative imports)
 
 test: lint  ## the whole suite: unit, integration (local Ray), e2e (ray job submit), slow; 2 workers: Ray tests in one
-	$(BIN)/python -m pytest -q -ra --durations=25 -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -ra --durations=25 -n 2
 
 test-fast: setup  ## unit tests only (no Ray), seconds
 	$(BIN)/python -m pytest -q tests/unit

@@ -1,8 +1,8 @@
 """Shared fixtures: one local Ray instance per test session (integration tests), tiny models in tmp dirs.
 
-Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) every test that starts Ray (tests/integration,
-tests/e2e) is in one group, so they run one after another in one worker, as without xdist: one Ray instance at a
-time, while the other worker runs the unit tests (no Ray).
+Under pytest-xdist (``make test`` runs ``-n 2``) every test that starts Ray (tests/integration, tests/e2e) is one
+unit of work (`pytest_xdist_make_scheduler`), so they run one after another in one worker, as without xdist: one
+Ray instance at a time, while the other worker runs the unit tests (no Ray).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,10 +22,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 RAY_DIRS = ("integration", "e2e")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.parent.name in RAY_DIRS:
-            item.add_marker(pytest.mark.xdist_group("ray"))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``-n N``: every test of tests/integration and tests/e2e is one unit of work, run by one worker one
+    test after another (one Ray instance at a time, in collection order); the unit tests are spread by module.
+    (xdist's own ``--dist loadgroup`` marks do not group under pytest 9.2, whose node ids xdist can no longer
+    rename.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RayTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            parts = nodeid.split("/")
+            return "ray" if len(parts) > 2 and parts[1] in RAY_DIRS else nodeid.split("::", 1)[0]
+
+    return RayTestsTogether(config, log)
 
 
 @pytest.fixture(scope="session")
