@@ -179,11 +179,11 @@ class ExperimentBuilder:
         """Wait for the groups made with ``wait=False`` (they started in parallel) and record their nodes. Learner
         groups first, each joined into its process group as soon as its ranks are up: the ranks build their
         learners while the other roles' actors are still loading."""
-        joining, self.joining = self.joining, []
-        starting, self.starting = self.starting, []
-        for role, group in sorted(starting, key=lambda rg: not any(rg[1] is j for j in joining)):
+        joining = {id(group) for group in self.joining}
+        starting, self.starting, self.joining = self.starting, [], []
+        for role, group in sorted(starting, key=lambda rg: id(rg[1]) not in joining):
             self._record_nodes(role, group.started())
-            if any(group is j for j in joining):
+            if id(group) in joining:
                 self.mark("actors")
                 self._join(group)
                 self.mark("process_group")
