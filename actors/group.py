@@ -8,7 +8,8 @@ share one interface, which the typed role facades in `toolbox.actors.roles` buil
   (rank ``ranks[i]``, default ``i`` modulo the group size) and returns a `Pending`;
 - `toolbox.core.pending.wait` waits for pendings of several groups at once, and
   ``Pending.result()`` fetches one's results;
-- ``call`` is submit + result.
+- ``call`` is submit + result;
+- ``submit_parts`` is submit for a method returning a tuple: one pending per part.
 
 An argument may be another call's pending handle (an object ref): Ray starts the call
 when that result is ready, so calls chain without the driver waiting in between.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -223,6 +225,15 @@ class WorkerGroup:
         refs = [getattr(self.actors[r], method).remote(*a) for r, a in zip(targets, args)]
         return Pending(refs, targets, method, self.role, self.nodes, timeout_s or self.timeout_s, RAY_WAITER, bulk)
 
+    def submit_parts(self, method: str, args_list: Sequence[Args], parts: int, bulk: bool = False) -> list[Pending[Any]]:
+        """Like `submit`, for a method that returns a tuple of ``parts`` results: Ray stores each part as an object
+        of its own (``num_returns``), so each may be passed on alone. One pending per part."""
+        args, targets = _plan(args_list, None, len(self.actors))
+        calls = [getattr(self.actors[r], method).options(num_returns=parts).remote(*a) for r, a in zip(targets, args)]
+        refs = [c if parts > 1 else [c] for c in calls]  # one return: Ray hands back the ref itself
+        return [Pending([r[j] for r in refs], targets, method, self.role, self.nodes, self.timeout_s, RAY_WAITER, bulk)
+                for j in range(parts)]
+
     def call(self, method: str, args_list: Sequence[Args] | None = None, ranks: Sequence[int] | None = None,
              timeout_s: float | None = None) -> list[Any]:
         return self.submit(method, args_list, ranks, timeout_s).result()
@@ -277,6 +288,10 @@ class LocalGroup:
             except Exception as err:
                 raise WorkerError(self.role, r, "local", f"{method} raised: {type(err).__name__}: {err}") from err
         return Pending(out, targets, method, self.role, ["local"] * len(self.workers), 0.0, LOCAL_WAITER, bulk)
+
+    def submit_parts(self, method: str, args_list: Sequence[Args], parts: int, bulk: bool = False) -> list[Pending[Any]]:
+        whole = self.submit(method, args_list, bulk=bulk)
+        return [replace(whole, handles=[h[j] for h in whole.handles]) for j in range(parts)]
 
     def call(self, method: str, args_list: Sequence[Args] | None = None, ranks: Sequence[int] | None = None,
              timeout_s: float | None = None) -> list[Any]:

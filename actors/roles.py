@@ -93,6 +93,13 @@ class RolloutGroup(EngineGroup, RolloutRole):
         tail = (True,) if sleep_after else ()
         return self.group.submit("generate", [(shard, sampling, *tail) for shard in shards], bulk=True)
 
+    def generate_steps(self, steps: Sequence[Sequence[list[PromptRequest]]],
+                       sampling: SamplingConfig) -> list[Pending[RolloutBatch]]:
+        """Worker ``i`` samples every step's shard ``i`` in one call and returns each step's batch as its own
+        object, so a step's reward and learner calls take only that step's rows."""
+        per_worker = [([step[i] for step in steps], sampling) for i in range(len(steps[0]))]
+        return self.group.submit_parts("generate_steps", per_worker, len(steps), bulk=True)
+
 
 class EnvRunnerGroup(EngineGroup, EnvRunnerRole):
     """Env runners (`toolbox.actors.env_runner.EnvRunnerWorker`)."""

@@ -47,6 +47,15 @@ class RolloutWorker:
             self.sleep()
         return batch
 
+    def generate_steps(self, requests_per_step: list[list[PromptRequest]],
+                       sampling: SamplingConfig) -> tuple[RolloutBatch, ...]:
+        """Several steps' requests in one engine call (a larger decode batch per weight read), handed back as one
+        batch per step (`split_rows`); each step's ``seconds`` is its share of the call by rows."""
+        self.wake()
+        start = time.perf_counter()
+        batch = self.engine.generate([r for requests in requests_per_step for r in requests], sampling)
+        return split_rows(batch, [len(requests) for requests in requests_per_step], time.perf_counter() - start)
+
     def update_weights(self, bucket_refs: list[Any]) -> float:
         """Load the exported buckets; returns the seconds it took."""
         seconds = self._load(lambda: self.engine.update_weights(resolve(bucket_refs)))
@@ -105,3 +114,15 @@ class RolloutWorker:
 
     def set_state(self, state: dict[str, Any]) -> None:
         set_rng_state(state["rng"])
+
+
+def split_rows(batch: RolloutBatch, sizes: list[int], seconds: float) -> tuple[RolloutBatch, ...]:
+    """``batch`` cut into consecutive parts of ``sizes`` rows, each without the padding columns none of its rows
+    needs (so a part is shaped as if generated alone); ``seconds`` shared out by rows."""
+    total, out, at = max(1, sum(sizes)), [], 0
+    for size in sizes:
+        part = batch.select(slice(at, at + size)).trimmed()
+        part.seconds = seconds * size / total
+        out.append(part)
+        at += size
+    return tuple(out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,20 +19,24 @@ from toolbox.experiment import ExperimentBuilder
 pytestmark = pytest.mark.integration
 
 
-def test_one_step_ahead_trains_on_batches_of_the_weights_before(ray_session: None, tiny_model_dir: Path,
-                                                                 tmp_path: Path) -> None:
+def fit(tiny_model_dir: Path, tmp_path: Path, steps: int, *overrides: str) -> tuple[Any, list[dict[str, float]]]:
     cfg = load_config([f"model.path={tiny_model_dir}", f"trainer.run_root={tmp_path}", "callbacks=[]",
-                       "trainer.eval_every=0", "trainer.log_samples_every=0", "trainer.total_steps=2",
-                       "algorithm.prompts_per_step=8", "learner.optim.warmup_steps=0", "rollout.max_staleness=1",
+                       "trainer.eval_every=0", "trainer.log_samples_every=0", f"trainer.total_steps={steps}",
+                       "algorithm.prompts_per_step=8", "learner.optim.warmup_steps=0",
                        "reward.spec={name: format, pattern: '^[0-9]', match: search}", "rollout.num_workers=1",
-                       "reward.num_workers=1", "learner.num_workers=1", "learner.strategy=single"])
+                       "reward.num_workers=1", "learner.num_workers=1", "learner.strategy=single", *overrides])
     builder = ExperimentBuilder(cfg)
     try:
         trainer = builder.build_trainer()
         trainer.fit()
     finally:
         builder.shutdown()
-    history = trainer.history
+    return cfg, trainer.history
+
+
+def test_one_step_ahead_trains_on_batches_of_the_weights_before(ray_session: None, tiny_model_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    cfg, history = fit(tiny_model_dir, tmp_path, 2, "rollout.max_staleness=1")
     assert cfg.algorithm.tis_cap == 2.0  # type: ignore[attr-defined]  # unset: on, since max_staleness > 0
     assert [m["staleness"] for m in history] == [0.0, 1.0]
     for m in history:
@@ -44,3 +49,16 @@ def test_one_step_ahead_trains_on_batches_of_the_weights_before(ray_session: Non
     first, later = history[0]["behaviour_kl"], history[1]["behaviour_kl"]
     assert first < 1e-6, history
     assert later > 100 * max(first, 1e-9), history
+
+
+def test_a_block_of_steps_is_sampled_by_one_call_per_worker(ray_session: None, tiny_model_dir: Path,
+                                                           tmp_path: Path) -> None:
+    """``rollout.steps_per_generation=2``: one `generate_steps` call (two returns through Ray) samples steps 0 and
+    1; each step trains on its own batch: step 0 on policy, step 1 on the weights one update older."""
+    _, history = fit(tiny_model_dir, tmp_path, 2, "rollout.max_staleness=1", "rollout.steps_per_generation=2",
+                     "rollout.num_workers=2", "algorithm.group_size=4")
+    assert [m["staleness"] for m in history] == [0.0, 1.0]
+    assert history[0]["behaviour_kl"] < 1e-6, history
+    assert history[1]["behaviour_kl"] > 100 * max(history[0]["behaviour_kl"], 1e-9), history
+    for m in history:  # each step timed by its share of the call
+        assert math.isfinite(m["loss"]) and m["generate_s"] > 0

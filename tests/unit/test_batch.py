@@ -112,3 +112,23 @@ def test_validation_names_the_mismatched_field() -> None:
     with pytest.raises(ValueError, match=r"RolloutBatch\.extras has 1 rows, expected 3"):
         RolloutBatch(b.prompt_ids_BP, b.prompt_mask_BP, b.response_ids_BR, b.response_mask_BR, b.logprobs_BR,
                      b.group_B, b.finish_B, b.extras[:1])
+
+
+def test_rows_of_several_steps_come_apart_as_if_generated_alone() -> None:
+    """`split_rows` (a rollout worker's `generate_steps`): the parts of one engine call's batch, trimmed to their own
+    widths, concatenate back (re-padded) to the whole, and share its seconds by rows."""
+    from toolbox.actors.rollout import split_rows
+
+    parts = [make_batch(3, 2, 3, seed=1), make_batch(5, 6, 7, seed=2)]
+    whole = RolloutBatch.concat(parts)
+    first, second = split_rows(whole, [3, 5], seconds=8.0)
+    assert (first.seconds, second.seconds) == (3.0, 5.0)
+    for part, alone in zip((first, second), parts):
+        assert int(part.prompt_mask_BP[:, 0].max()) == 1 and int(part.response_mask_BR[:, -1].max()) == 1
+        assert part.prompt_ids_BP.shape[1] <= alone.prompt_ids_BP.shape[1]
+    again = RolloutBatch.concat([first, second])
+    assert again.seconds == 5.0  # a concatenation keeps the longest
+    again.seconds = whole.seconds
+    assert_same(again.trimmed(), whole.trimmed())
+    assert whole.select(slice(0, 0)).trimmed().response_ids_BR.shape == (0, 0)
+    assert len(split_rows(whole, [8], 1.0)[0]) == 8

@@ -118,13 +118,19 @@ class LoggingRollout(FakeRollout):
         self.shards.append([r.ids for r in requests])
         return super().generate(requests, sampling)
 
+    def generate_steps(self, requests_per_step: list[list[PromptRequest]],
+                       sampling: SamplingConfig) -> tuple[dict[str, int], ...]:
+        self.log.append(f"generate x{len(requests_per_step)}")
+        self.shards.extend([r.ids for r in requests] for requests in requests_per_step)
+        return tuple(FakeRollout.generate(self, requests, sampling) for requests in requests_per_step)
+
     def update_weights(self, bucket_refs: list[Any]) -> float:
         self.log.append(f"load {bucket_refs[0]}")
         return super().update_weights(bucket_refs)
 
 
-def make(tmp_path: Path, staleness: int, algo: GRPOConfig = ALGO, steps: int = 3) -> tuple[OnlineTrainer, list[str],
-                                                                                          LoggingRollout]:
+def make(tmp_path: Path, staleness: int, algo: GRPOConfig = ALGO, steps: int = 3,
+         per_generation: int = 1) -> tuple[OnlineTrainer, list[str], LoggingRollout]:
     log: list[str] = []
     worker = LoggingRollout(log)  # one rollout worker: the log is its queue
     prompts = PromptSource(TASKS.build({"name": "digit_add"}), CharTokenizer(), seed=0)
@@ -132,7 +138,7 @@ def make(tmp_path: Path, staleness: int, algo: GRPOConfig = ALGO, steps: int = 3
                             SamplingConfig(), prompts, RolloutGroup(LocalGroup("rollout", [worker])),
                             RewardGroup(LocalGroup("reward", [FakeReward()])),
                             PolicyLearnerGroup(LocalGroup("learner", [FakeLearner(0)])), tmp_path,
-                            dynamic=algo, max_staleness=staleness)
+                            dynamic=algo, max_staleness=staleness, steps_per_generation=per_generation)
     return trainer, log, worker
 
 
@@ -155,6 +161,36 @@ def test_one_step_ahead_samples_before_the_sync_lands(tmp_path: Path) -> None:
     synchronous.fit()
     assert worker.shards == sync_worker.shards  # the same prompts, in the same order
     assert not trainer.loads  # the last loads were waited for at the end
+
+
+@pytest.mark.parametrize(("staleness", "log", "lags"), [
+    # Blocks {0, 1} and {2, 3} each sampled by one call; block {2, 3} waits until step 3 is within reach (step 1);
+    # the run's last block is step 4 alone, within reach at step 2.
+    (2, ["load weights-after-0", "generate x2", "load weights-after-1", "generate x2", "load weights-after-2",
+         "generate", "load weights-after-3", "load weights-after-4", "load weights-after-5"], [0, 1, 1, 2, 2]),
+    # max_staleness = g - 1: a block of two is sampled when its first step runs (as TRL's steps_per_generation);
+    # the lone last step may still be sampled one step ahead.
+    (1, ["load weights-after-0", "generate x2", "load weights-after-1", "load weights-after-2", "generate x2",
+         "load weights-after-3", "generate", "load weights-after-4", "load weights-after-5"], [0, 1, 0, 1, 1]),
+])
+def test_blocks_of_steps_sample_in_one_call(tmp_path: Path, staleness: int, log: list[str], lags: list[int]) -> None:
+    trainer, calls, worker = make(tmp_path, staleness, steps=5, per_generation=2)
+    trainer.fit()
+    assert calls == log
+    assert [m["staleness"] for m in trainer.history] == lags
+    assert max(lags) <= staleness
+    one_by_one, _, sync_worker = make(tmp_path, 0, steps=5)
+    one_by_one.fit()
+    assert worker.shards == sync_worker.shards  # each step still trains on its own prompts, in order
+
+
+def test_blocks_need_the_staleness_they_cause() -> None:
+    with pytest.raises(ConfigError, match=r"rollout.steps_per_generation=3: the last step of a block trains on "
+                                          r"samples 2 policy versions old, rollout.max_staleness=1 allows 1"):
+        ExperimentConfig(rollout={"steps_per_generation": 3, "max_staleness": 1})
+    with pytest.raises(ConfigError, match="steps_per_generation=2 with algorithm.dynamic_sampling"):
+        load_config(["experiment=dapo_tiny", "rollout.steps_per_generation=2", "rollout.max_staleness=2"])
+    assert load_config(["rollout.steps_per_generation=2", "rollout.max_staleness=1"]).rollout.steps_per_generation == 2
 
 
 def test_dynamic_sampling_adds_rounds_when_the_step_runs(tmp_path: Path) -> None:

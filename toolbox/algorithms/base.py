@@ -95,7 +95,8 @@ def policy_wiring(builder: ExperimentBuilder, bus: EventBus, learner_cls: type, 
                        wire="sglang" if c.rollout.engine.name == "sglang" else "vllm")
     return OnlineTrainer(builder.trainer_config(), bus, algo, c.rollout.sampling, roles.prompts, roles.rollout,
                          roles.reward, roles.learner, builder.run_dir, c.experiment, dynamic=dynamic,
-                         colocate=c.rollout.placement == "colocate", max_staleness=c.rollout.max_staleness)
+                         colocate=c.rollout.placement == "colocate", max_staleness=c.rollout.max_staleness,
+                         steps_per_generation=c.rollout.steps_per_generation)
 
 
 def log_placement(builder: ExperimentBuilder) -> SyncPath:

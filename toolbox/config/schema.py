@@ -79,6 +79,27 @@ class RolloutConfig(BaseModel):
                                "rollout workers sample the next k steps' prompts while the learner trains (one-step "
                                "off-policy for k=1); the loss corrects with algorithm.tis_cap. The staleness metric "
                                "reports each step's lag (docs/architecture.md, Overlap).")
+    steps_per_generation: int = Field(1, ge=1, description="Training steps whose prompts one engine call samples "
+                                      "together (TRL's steps_per_generation): steps are taken in aligned blocks of "
+                                      "this many, and a block's batches are generated in one larger decode batch, "
+                                      "then trained on one step at a time. Its later steps train on older samples, "
+                                      "so it needs max_staleness >= steps_per_generation - 1 (and max_staleness >= "
+                                      "steps_per_generation to also overlap with training). 1: one call per step.")
+
+
+def check_steps_per_generation(cfg: ExperimentConfig) -> None:
+    """``rollout.steps_per_generation`` g > 1: a block's last step trains on samples g - 1 versions old, which
+    ``rollout.max_staleness`` must allow; DAPO's extra rounds are drawn per step, so it takes no blocks."""
+    g, k = cfg.rollout.steps_per_generation, cfg.rollout.max_staleness
+    if g == 1:
+        return
+    if k < g - 1:
+        raise ConfigError(f"rollout.steps_per_generation={g}: the last step of a block trains on samples {g - 1} "
+                          f"policy versions old, rollout.max_staleness={k} allows {k} (set max_staleness >= {g - 1}, "
+                          f"or >= {g} to also sample while the learner trains)")
+    if getattr(cfg.algorithm, "dynamic_sampling", False):
+        raise ConfigError(f"rollout.steps_per_generation={g} with algorithm.dynamic_sampling: dynamic sampling "
+                          "draws its extra rounds step by step (set steps_per_generation: 1)")
 
 
 class RewardConfig(BaseModel):
@@ -197,6 +218,7 @@ class ExperimentConfig(BaseModel):
             raise ConfigError(f"rollout.max_staleness={self.rollout.max_staleness} samples while the learner trains; "
                               "rollout.placement: colocate makes engines and learner ranks take turns on one device "
                               "(use placement: split, or max_staleness: 0)")
+        check_steps_per_generation(self)
         if self.ray.local_mode and self.learner.num_workers != 1:
             raise ConfigError("ray.local_mode runs in-process and supports learner.num_workers=1 only")
         if self.learner.max_restarts and "rollout" not in self.algorithm.roles:

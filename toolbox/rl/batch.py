@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -100,6 +100,20 @@ class RolloutBatch:
             else:
                 out[f.name] = [value[i] for i in rows] if value else []
         return RolloutBatch(**out)
+
+    def trimmed(self) -> RolloutBatch:
+        """The batch without the padding columns all its rows share: prompt columns on the left, response columns
+        on the right (rows cut from a larger batch keep its widths)."""
+        used_p = self.prompt_mask_BP.any(0).nonzero()
+        start = int(used_p[0]) if len(used_p) else self.prompt_ids_BP.shape[1]
+        used_r = self.response_mask_BR.any(0).nonzero()
+        end = int(used_r[-1]) + 1 if len(used_r) else 0
+        if start == 0 and end == self.response_ids_BR.shape[1]:
+            return self
+        return replace(self, prompt_ids_BP=self.prompt_ids_BP[:, start:], prompt_mask_BP=self.prompt_mask_BP[:, start:],
+                       response_ids_BR=self.response_ids_BR[:, :end], response_mask_BR=self.response_mask_BR[:, :end],
+                       logprobs_BR=self.logprobs_BR[:, :end],
+                       own_mask_BR=None if self.own_mask_BR is None else self.own_mask_BR[:, :end])
 
     def split(self, n: int) -> list[RolloutBatch]:
         """``n`` contiguous shards whose sizes differ by at most one row."""

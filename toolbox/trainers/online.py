@@ -11,6 +11,12 @@ before its update and weight sync. A rollout worker runs the driver's calls one 
 them: a step's batch lags the learner by k policy versions at most. The learner trains on step t meanwhile; the
 loss corrects with truncated importance sampling (``algorithm.tis_cap``) from the behaviour log-probs the engine
 recorded. Batches in flight are not checkpointed: a resumed run samples them again (docs/architecture.md, Overlap).
+
+Blocks (``rollout.steps_per_generation = g > 1``): steps are taken in aligned blocks ``[b*g, (b+1)*g)``, and a
+block's first rounds are sampled by one engine call per worker (a decode batch g times larger: on CPU, and on a GPU
+short of work, it costs far less than g calls), each step's batch still its own object. A block is submitted
+whole, as soon as its last step is within ``max_staleness`` of the step running (at the latest when its first
+step runs), so no batch lags more than ``max_staleness`` versions.
 """
 
 from __future__ import annotations
@@ -62,14 +68,18 @@ class OnlineTrainer(BaseTrainer):
     def __init__(self, cfg: TrainerConfig, bus: EventBus, algo: GroupSampling, sampling: SamplingConfig,
                  prompts: PromptSource, rollout: RolloutRole, reward: RewardRole, learner: PolicyLearnerRole,
                  run_dir: Path, experiment: str = "", dynamic: DynamicSampling | None = None,
-                 colocate: bool = False, max_staleness: int = 0) -> None:
+                 colocate: bool = False, max_staleness: int = 0, steps_per_generation: int = 1) -> None:
         """``colocate`` (``rollout.placement: colocate``): each rollout worker puts its engine to sleep once its shard
         is generated, before the learner trains on it; loading the new weights wakes it. ``max_staleness``
-        (``rollout.max_staleness``): sample up to that many steps ahead while the learner trains."""
+        (``rollout.max_staleness``): sample up to that many steps ahead while the learner trains.
+        ``steps_per_generation`` (``rollout.steps_per_generation``): steps per block sampled in one call."""
         super().__init__(cfg, bus, experiment)
         if colocate and max_staleness:
             raise ValueError("colocated engines sleep while the learner trains: they cannot sample ahead")
-        self.colocate, self.max_staleness = colocate, max_staleness
+        if steps_per_generation - 1 > max_staleness:
+            raise ValueError(f"steps_per_generation={steps_per_generation} needs max_staleness >= "
+                             f"{steps_per_generation - 1}, got {max_staleness}")
+        self.colocate, self.max_staleness, self.steps_per_generation = colocate, max_staleness, steps_per_generation
         self.algo, self.sampling, self.prompts = algo, sampling, prompts
         self.rollout, self.reward, self.learner = rollout, reward, learner
         self.run_dir = run_dir
@@ -94,7 +104,9 @@ class OnlineTrainer(BaseTrainer):
 
     def run_step(self, step: int) -> Metrics:
         t0 = time.perf_counter()
-        first = self.ahead.pop(step, None) or self._round(step, 0)
+        if step not in self.ahead:
+            self._first_rounds(self._block(step))
+        first = self.ahead.pop(step)
         batches, rewards, rounds, rows = self._rollouts(step, first)
         self._sample_ahead(step)  # before this step's sync: they sample with the weights the workers hold now
         keep = choose_groups(rounds, self.algo.prompts_per_step) if self.dynamic else None
@@ -128,19 +140,44 @@ class OnlineTrainer(BaseTrainer):
             return None
         return TraceRequest(step + 1, self.cfg.log_samples, len(self.rollout))
 
-    def _round(self, step: int, r: int) -> Round:
-        """Submit round ``r`` of step ``step``: its prompts (whole groups per shard) generated, then scored."""
+    def _shards(self, step: int, r: int) -> list[list[PromptRequest]]:
+        """Round ``r`` of step ``step``'s prompts, cut into one shard of whole groups per rollout worker."""
         a = self.algo
-        shards = split_groups(self.prompts.step(step, a.prompts_per_step, a.group_size, round=r), len(self.rollout))
+        return split_groups(self.prompts.step(step, a.prompts_per_step, a.group_size, round=r), len(self.rollout))
+
+    def _round(self, step: int, r: int) -> Round:
+        """Submit round ``r`` of step ``step``: its prompts generated, then scored."""
+        shards = self._shards(step, r)
         # Colocated: every round sleeps (DAPO: the next round's generate wakes the engine again).
         batches = self.rollout.generate(shards, self.sampling, sleep_after=self.colocate)
         return Round(batches, self.reward.score(batches), shards, self.version)
 
+    def _block(self, step: int) -> list[int]:
+        """``step`` and the later steps of its aligned block of ``steps_per_generation`` (within the run)."""
+        g = self.steps_per_generation
+        return list(range(step, min((step // g + 1) * g, self.cfg.total_steps)))
+
+    def _first_rounds(self, steps: list[int]) -> None:
+        """Submit the first rounds of consecutive ``steps`` into `ahead`: one engine call per worker for them all."""
+        if len(steps) == 1:
+            self.ahead[steps[0]] = self._round(steps[0], 0)
+            return
+        shards = [self._shards(step, 0) for step in steps]
+        for step, shard, batches in zip(steps, shards, self.rollout.generate_steps(shards, self.sampling)):
+            self.ahead[step] = Round(batches, self.reward.score(batches), shard, self.version)
+
     def _sample_ahead(self, step: int) -> None:
-        """Submit the first rounds of steps up to ``step + max_staleness`` (within the run) not yet in flight."""
-        for later in range(step + 1, min(step + self.max_staleness, self.cfg.total_steps - 1) + 1):
+        """Submit the first rounds of the blocks wholly within ``step + max_staleness`` (and the run) not yet in
+        flight; a block reaching further waits for a later step."""
+        reach = min(step + self.max_staleness, self.cfg.total_steps - 1)
+        later = step + 1
+        while later <= reach:
+            block = self._block(later)
+            if block[-1] > reach:
+                break
             if later not in self.ahead:
-                self.ahead[later] = self._round(later, 0)
+                self._first_rounds(block)
+            later = block[-1] + 1
 
     def _rollouts(self, step: int, first: Round) -> tuple[Pending[RolloutBatch], Pending[RewardResult],
                                                           list[dict[int, bool]], int]:

@@ -52,6 +52,12 @@ class RolloutRole(StatefulRole, Protocol):
         the next update_weights or generate wakes them."""
         ...
 
+    def generate_steps(self, steps: Sequence[Sequence[list[PromptRequest]]],
+                       sampling: SamplingConfig) -> list[Pending[RolloutBatch]]:
+        """Several steps' shards (``steps[j][i]``: step j's shard for worker i) sampled in one engine call per
+        worker (``rollout.steps_per_generation``): one pending per step, as `generate` would return for it."""
+        ...
+
     def update_weights(self, weights: Pending[WeightRefs]) -> Pending[float]:
         """Every worker loads rank 0's exported buckets; each result is the seconds the load took."""
         ...
