@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import replace
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import ray

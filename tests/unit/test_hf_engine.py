@@ -226,3 +226,55 @@ def test_dropping_finished_rows_changes_nothing(eos_engine: HFEngine) -> None:
     assert torch.equal(tok_a, tok_b)
     torch.testing.assert_close(logp_a, logp_b, atol=1e-5, rtol=0)
     assert (tok_a == eos_engine.tokenizer.eos_token_id).any(dim=1).sum() >= 2, "rows should stop early"
+
+
+def test_own_forward_gives_the_transformers_logits(eos_engine: HFEngine) -> None:
+    """`LlamaDecoder` against the model's forward over its static cache: the prompt's last logits and every step's,
+    left padding included, with rows leaving the batch mid-way."""
+    from toolbox.engines.decode import TransformersForward
+    from toolbox.engines.llama_decode import LlamaDecoder, unsupported
+
+    model = eos_engine.model
+    assert unsupported(model) is None
+    ids, mask = left_pad(requests(eos_engine, 2), eos_engine.tokenizer.pad_token_id)
+    b, p = ids.shape
+    assert (mask == 0).any(), "prompts of different lengths: some rows are left-padded"
+    with torch.inference_mode():
+        ours, theirs = LlamaDecoder(model, b, p + 4), TransformersForward(model, b, p + 4)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        torch.testing.assert_close(ours.prefill(ids, mask, pos), theirs.prefill(ids, mask, pos), atol=1e-5, rtol=1e-5)
+        keys = torch.cat([mask.bool(), torch.zeros(b, 4, dtype=torch.bool)], 1)
+        token, pos = ids[:, -1], pos[:, -1] + 1
+        for t in range(4):
+            if t == 2:  # rows 0 and 5 finish
+                keep = torch.tensor([i for i in range(len(token)) if i not in (0, 5)])
+                ours.keep(keep), theirs.keep(keep)
+                token, pos, keys = token[keep], pos[keep], keys[keep]
+            keys[:, p + t] = True
+            a, c = ours.step(token, pos, keys), theirs.step(token, pos, keys)
+            torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+            token, pos = a.argmax(-1), pos + 1
+
+
+def test_both_forwards_sample_the_same_tokens(eos_engine: HFEngine) -> None:
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0)
+    reqs = requests(eos_engine, 3)
+    out = []
+    for forward in ("auto", "transformers"):
+        eos_engine.config = eos_engine.config.model_copy(update={"forward": forward})
+        out.append(generate_with(eos_engine, "lean", reqs, sampling, seed=11)[0])
+    eos_engine.config = eos_engine.config.model_copy(update={"forward": "auto"})
+    assert torch.equal(out[0].response_ids_BR, out[1].response_ids_BR)
+    torch.testing.assert_close(out[0].logprobs_BR, out[1].logprobs_BR, atol=1e-5, rtol=0)
+
+
+def test_models_the_own_forward_does_not_take(tiny_model_dir: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from toolbox.engines.llama_decode import unsupported
+
+    model = load_causal_lm(str(tiny_model_dir))
+    model.config.rope_parameters = {**model.config.rope_parameters, "rope_type": "yarn"}
+    assert unsupported(model) == "RoPE type 'yarn'"
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16))
+    assert "model type 'gpt2'" in str(unsupported(gpt2))

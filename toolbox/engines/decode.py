@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from toolbox.engines.llama_decode import LlamaDecoder, unsupported
+
 if TYPE_CHECKING:  # transformers is imported when a model is, not by every worker that imports the engines
     from transformers import PreTrainedModel
 
@@ -36,39 +38,64 @@ def check_lean_attention(model: PreTrainedModel) -> None:
                          f"{impl!r}; set rollout.engine.decode: generate")
 
 
+class TransformersForward:
+    """The model's own forward over a `transformers.StaticCache` (any sdpa / eager model)."""
+
+    def __init__(self, model: PreTrainedModel, batch: int, max_len: int) -> None:
+        from transformers import StaticCache
+
+        self.model, self.cache = model, StaticCache(config=model.config, max_cache_len=max_len)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        self.cache.reorder_cache(cast(torch.LongTensor, rows))
+
+    def prefill(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, pos_BP: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids_BP, attention_mask=mask_BP, position_ids=pos_BP, cache=self.cache,
+                          use_cache=True, logits_to_keep=1).logits[:, -1]
+
+    def step(self, token_B: torch.Tensor, pos_B: torch.Tensor, keys_BL: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=token_B[:, None], attention_mask=_attention_mask(self.model, keys_BL),
+                          position_ids=pos_B[:, None], cache=self.cache, use_cache=True).logits[:, -1]
+
+
+def forward_for(model: PreTrainedModel, forward: str, batch: int, max_len: int) -> TransformersForward | LlamaDecoder:
+    """``forward`` 'auto': toolbox's `LlamaDecoder` where the model allows it, else transformers' forward."""
+    if forward == "auto" and unsupported(model) is None:
+        return LlamaDecoder(model, batch, max_len)
+    return TransformersForward(model, batch, max_len)
+
+
 def decode(model: PreTrainedModel, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, *, max_new_tokens: int,
-           temperature: float, top_p: float, eos: int | None, pad: int,
-           drop_finished: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+           temperature: float, top_p: float, eos: int | None, pad: int, drop_finished: bool = True,
+           forward: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Sample a response per left-padded prompt row (greedy when ``temperature`` is 0): tokens ``[B, R]`` (``pad``
     after a row's EOS) and their behaviour log-probs (0 there).
 
     A row finishes at its first ``eos`` (when given) or after ``max_new_tokens`` tokens; the loop ends when
     every row has finished, so the response width is the longest response. ``drop_finished`` removes a
     finished row from the batch and the cache; off, it keeps decoding padding (``bench decode`` compares).
+    ``forward`` (`forward_for`): 'auto' or 'transformers'.
     """
     # inference_mode: ~10% less CPU than no_grad on issue 11's small model; the clones are ordinary tensors again.
     with torch.inference_mode():
-        tokens_BR, logprobs_BR = _decode(model, prompt_ids_BP, prompt_mask_BP, max_new_tokens, temperature, top_p,
+        fwd = forward_for(model, forward, prompt_ids_BP.shape[0], prompt_ids_BP.shape[1] + max_new_tokens)
+        tokens_BR, logprobs_BR = _decode(fwd, prompt_ids_BP, prompt_mask_BP, max_new_tokens, temperature, top_p,
                                          eos, pad, drop_finished)
     return tokens_BR.clone(), logprobs_BR.clone()
 
 
-def _decode(model: PreTrainedModel, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, max_new_tokens: int,
-            temperature: float, top_p: float, eos: int | None, pad: int,
+def _decode(fwd: TransformersForward | LlamaDecoder, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor,
+            max_new_tokens: int, temperature: float, top_p: float, eos: int | None, pad: int,
             drop_finished: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """`decode`'s loop: prefill, then per step sample, record, drop (or mask) finished rows, forward the rest."""
     b, p = prompt_ids_BP.shape
     device = prompt_ids_BP.device
-    from transformers import StaticCache
-
-    cache = StaticCache(config=model.config, max_cache_len=p + max_new_tokens)
     keys_BL = torch.zeros((b, p + max_new_tokens), dtype=torch.bool, device=device)
     keys_BL[:, :p] = prompt_mask_BP.bool()
     # Positions count real tokens only (left padding), as generate() and the learner count them.
-    pos_B1 = (prompt_mask_BP.cumsum(-1) - 1).clamp(min=0)
-    logits_BV = model(input_ids=prompt_ids_BP, attention_mask=prompt_mask_BP, position_ids=pos_B1, cache=cache,
-                      use_cache=True, logits_to_keep=1).logits[:, -1]
-    pos_B1 = pos_B1[:, -1:] + 1
+    pos_BP = (prompt_mask_BP.cumsum(-1) - 1).clamp(min=0)
+    logits_BV = fwd.prefill(prompt_ids_BP, prompt_mask_BP, pos_BP)
+    pos_B = pos_BP[:, -1] + 1
     tokens_BR = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=device)
     logprobs_BR = torch.zeros((b, max_new_tokens), dtype=torch.float32, device=device)
     rows = torch.arange(b, device=device)  # the batch row of each row still in the loop
@@ -89,12 +116,11 @@ def _decode(model: PreTrainedModel, prompt_ids_BP: torch.Tensor, prompt_mask_BP:
                 return tokens_BR[:, : t + 1], logprobs_BR[:, : t + 1]
             if drop_finished and bool(stopped.any()):
                 keep = (~stopped).nonzero().squeeze(1)
-                rows, token_b, pos_B1, keys_BL = rows[keep], token_b[keep], pos_B1[keep], keys_BL[keep]
-                cache.reorder_cache(cast(torch.LongTensor, keep))
+                rows, token_b, pos_B, keys_BL = rows[keep], token_b[keep], pos_B[keep], keys_BL[keep]
+                fwd.keep(keep)
         keys_BL[:, p + t] = True
-        logits_BV = model(input_ids=token_b[:, None], attention_mask=_attention_mask(model, keys_BL), position_ids=pos_B1,
-                          cache=cache, use_cache=True).logits[:, -1]
-        pos_B1 = pos_B1 + 1
+        logits_BV = fwd.step(token_b, pos_B, keys_BL)
+        pos_B = pos_B + 1
     return tokens_BR, logprobs_BR
 
 

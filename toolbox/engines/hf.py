@@ -1,7 +1,7 @@
 """The transformers engine: batched sampling with a KV cache, CPU default.
 
 Two decode paths give the same tokens for the same seed: ``lean`` (`toolbox.engines.decode`: a static
-cache, one forward per token, sampling and log-probs fused) and ``generate`` (``model.generate`` with
+cache, one forward per token, sampling and log-probs fused; toolbox's own forward for Llama-family models) and ``generate`` (``model.generate`` with
 ``output_logits``), kept for attention kernels the lean loop does not drive (flash attention).
 """
 
@@ -31,6 +31,10 @@ class HFEngineConfig(BaseModel):
         "lean", description="How tokens are sampled: 'lean' is the engine's own loop (static KV cache, one forward "
         "per token, finished rows leave the batch; sdpa or eager attention), 'generate' is transformers' "
         "model.generate. Both draw the same random numbers, so a seed samples the same tokens.")
+    forward: Literal["auto", "transformers"] = Field(
+        "auto", description="The lean loop's model forward: 'auto' is toolbox's own for Llama-family models (Llama, "
+        "Qwen2, Mistral: about half the ops per token, toolbox.engines.llama_decode) and transformers' for any "
+        "other; 'transformers' always takes transformers'. Both give the same logits up to float rounding.")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "cpu", description="Where the model generates: 'auto' is cuda when the rollout worker has a GPU "
         "(rollout.gpus_per_worker > 0), else cpu. Batches come back on the CPU either way.")
@@ -72,7 +76,7 @@ class HFEngine:
         if self.config.decode == "lean":
             response, logp = decode(self.model, prompt_ids.to(self.device), prompt_mask.to(self.device),
                                     max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                                    top_p=sampling.top_p, eos=eos_or_none, pad=pad)
+                                    top_p=sampling.top_p, eos=eos_or_none, pad=pad, forward=self.config.forward)
         else:
             response, logp = self._model_generate(prompt_ids, prompt_mask, sampling, eos_or_none, pad)
         response, logp = response.cpu(), logp.cpu()

@@ -1,0 +1,130 @@
+"""The lean loop's own forward for Llama-family models (Llama, Qwen2, Mistral without a sliding window).
+
+`model.forward` of transformers costs, per decoder layer and token, about 40 torch ops and as much Python
+again (attention-interface dispatch, cache objects, mask and output classes): on a CPU, at the small batches
+an RL rollout decodes, that is half of a step. `LlamaDecoder` runs the same arithmetic with the model's own
+parameters (read from its modules at each call, so weight loads need nothing more) in about 20 ops per layer:
+`F.rms_norm`, the projections, rotary embeddings for the new positions only, its own KV cache of
+``[layers, 2, B, kv heads, L, head_dim]`` that a finished row leaves with one index, and one
+`F.scaled_dot_product_attention` per layer over the slots filled so far (grouped-query heads shared with
+``enable_gqa``). Hand-written because it replaces exactly the generic code whose cost it removes; the
+transformers forward stays the reference: tests compare the logits of both at prefill and at every step.
+
+`unsupported` says why a model cannot take it (another architecture, a non-default RoPE, a sliding window,
+biases on the MLP, an adapter wrapped in); `toolbox.engines.decode` then runs the transformers forward.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+MODEL_TYPES = ("llama", "qwen2", "mistral")
+
+
+def unsupported(model: PreTrainedModel) -> str | None:
+    """Why ``model`` cannot use `LlamaDecoder` (``None``: it can)."""
+    cfg = model.config
+    if cfg.model_type not in MODEL_TYPES or type(model).__name__ not in {f"{n}ForCausalLM" for n in ("Llama", "Qwen2",
+                                                                                                 "Mistral")}:
+        return f"model type {cfg.model_type!r} ({type(model).__name__}) is not one of {MODEL_TYPES}"
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        return f"RoPE type {rope.get('rope_type')!r}"
+    if cfg.hidden_act != "silu":
+        return f"activation {cfg.hidden_act!r}"
+    if getattr(cfg, "pretraining_tp", 1) != 1:
+        return "pretraining_tp > 1"
+    for layer in model.model.layers:
+        if getattr(layer.self_attn, "sliding_window", None):
+            return "sliding-window attention"
+        if any(getattr(layer.mlp, p).bias is not None for p in ("gate_proj", "up_proj", "down_proj")):
+            return "MLP biases"
+        if type(layer.self_attn.q_proj) is not torch.nn.Linear:
+            return "adapted projections (peft)"
+    return None
+
+
+class LlamaDecoder:
+    """Prefill and one-token steps of a Llama-family causal LM over its own KV cache (inference mode only)."""
+
+    def __init__(self, model: PreTrainedModel, batch: int, max_len: int) -> None:
+        cfg, attn = model.config, model.model.layers[0].self_attn
+        self.model = model
+        self.layers = model.model.layers
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim, self.scale = attn.head_dim, attn.scaling
+        self.q_size, self.kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        rotary = model.model.rotary_emb
+        self.inv_freq, self.rope_scale = rotary.inv_freq.float(), float(rotary.attention_scaling)
+        param = model.lm_head.weight
+        self.cache = torch.zeros((len(self.layers), 2, batch, self.kv_heads, max_len, self.head_dim),
+                                 dtype=param.dtype, device=param.device)
+        self.filled = 0  # cache slots written so far (the same for every row: prompts are left-padded)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Only ``rows`` (indices into the current batch) stay in the cache."""
+        self.cache = self.cache[:, :, rows]
+
+    def prefill(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, pos_BP: torch.Tensor) -> torch.Tensor:
+        """The prompts' forward (left-padded; ``pos`` counts real tokens): fills the cache, returns the last
+        position's logits ``[B, V]``."""
+        p = ids_BP.shape[1]
+        causal = torch.ones((p, p), dtype=torch.bool, device=ids_BP.device).tril()
+        # A padding query attends to itself too: its row is never fully masked (NaN would reach the cache).
+        mask = (causal & mask_BP.bool()[:, None, :]) | torch.eye(p, dtype=torch.bool, device=ids_BP.device)
+        hidden = self._layers(self.model.model.embed_tokens(ids_BP), pos_BP, mask[:, None])
+        return self._logits(hidden[:, -1])
+
+    def step(self, token_B: torch.Tensor, pos_B: torch.Tensor, keys_BL: torch.Tensor) -> torch.Tensor:
+        """One new token per row at position ``pos``; ``keys`` marks the cache slots each row attends to (the
+        new one included). Returns the logits ``[B, V]``."""
+        hidden = self._layers(self.model.model.embed_tokens(token_B[:, None]), pos_B[:, None],
+                              keys_BL[:, None, None, : self.filled + 1])
+        return self._logits(hidden[:, 0])
+
+    def _layers(self, hidden: torch.Tensor, pos_BT: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, _ = hidden.shape
+        cos, sin = self._rope(pos_BT)  # [B, 1, T, D]
+        start, end = self.filled, self.filled + t
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = _rms_norm(hidden, layer.input_layernorm)
+            q = attn.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+            k = attn.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            kv = self.cache[i]
+            kv[0, :, :, start:end] = _rotate(k, cos, sin)
+            kv[1, :, :, start:end] = attn.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            out = F.scaled_dot_product_attention(_rotate(q, cos, sin), kv[0, :, :, :end], kv[1, :, :, :end],
+                                                 attn_mask=mask, scale=self.scale, enable_gqa=True)
+            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, t, self.q_size))
+            x = _rms_norm(hidden, layer.post_attention_layernorm)
+            mlp = layer.mlp
+            hidden = hidden + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+        self.filled = end
+        return hidden
+
+    def _logits(self, hidden_BH: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(_rms_norm(hidden_BH, self.model.model.norm))
+
+    def _rope(self, pos_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' default rotary embedding (cos, sin) of the positions, shaped to broadcast over heads."""
+        freqs = pos_BT[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+        dtype = self.cache.dtype
+        return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    """The model's RMSNorm (computed in fp32, as transformers does, then scaled by its weight)."""
+    return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon).to(x.dtype)
