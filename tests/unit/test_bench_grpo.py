@@ -74,14 +74,16 @@ def test_saved_model_loads_with_toolbox_and_prompts_match_its_prompt_source(smal
 def test_toolbox_overrides_validate_into_the_intended_run(small_dir: str) -> None:
     from toolbox.config import load_config
 
-    cfg = load_config([*toolbox_overrides(small_dir, SIZES, BEST_2CPU), "rollout.torch_threads=1"])
+    cfg = load_config([*toolbox_overrides(small_dir, SIZES, BEST_2CPU), "learner.torch_threads=1"])
     assert cfg.model.path == small_dir and cfg.model.tiny is None and cfg.reward.spec.name == "weighted_sum"
     assert cfg.rollout.sampling.max_new_tokens == 64 and not cfg.rollout.sampling.stop_at_eos
     assert (cfg.algorithm.prompts_per_step, cfg.algorithm.group_size, cfg.algorithm.kl_coef) == (2, 4, 0.0)
     assert cfg.learner.optim.lr == 1e-4 and cfg.learner.optim.scheduler == "constant"
-    assert (cfg.learner.num_workers, cfg.learner.strategy, cfg.learner.torch_threads) == (1, "single", 2)
+    # a command-line override goes on top of the best settings (2 threads)
+    assert (cfg.learner.num_workers, cfg.learner.strategy, cfg.learner.torch_threads) == (1, "single", 1)
     assert cfg.rollout.num_workers == 1 and cfg.learner.micro_batch_size == 8 and cfg.learner.packing  # all 8 rows
-    assert cfg.rollout.torch_threads == 1  # a command-line override goes on top of the best settings
+    assert (cfg.rollout.torch_threads, cfg.rollout.steps_per_generation, cfg.rollout.max_staleness) == (1, 4, 7)
+    assert cfg.algorithm.tis_cap == 2.0  # type: ignore[attr-defined]  # unset: on, since the batches lag
 
 
 def test_summarize_throughput_and_split() -> None:

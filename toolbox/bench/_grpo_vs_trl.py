@@ -47,16 +47,19 @@ TASK = {"name": "digit_add", "max_operand": 99}
 # and the shaping keeps rewards varying within groups, so advantages are not all zero (real gradient work).
 REWARD = {"name": "weighted_sum", "weights": [1.0, 0.2],
           "components": [{"name": "math", "which": "first"}, {"name": "format", "pattern": r"(?s)\d.*"}]}
-# toolbox's best settings for a 2-core machine, measured with this benchmark on a quiet machine (load < 3,
-# docs/benchmarks.md): one rollout worker and one `single` learner rank with 2 torch threads each, packed rows.
-# 0.75x TRL on "small" against 0.57x for two of each role with 1 thread (FSDP2 over gloo on 2 cores costs more
-# than it shares), and start-up 16 s instead of 26 s. (On a loaded machine the 2-thread actors lose: OpenMP
-# threads spin-wait for cores other jobs hold.) Packing is on, but this benchmark's fixed 64-token completions leave
-# too little padding for it to pay, so the learner runs them padded (`toolbox.learner.packed.PACK_BELOW`); the
-# learner's AdamW is the fused kernel (``learner.optim.kernel: auto``). Both measured by ``bench grpo_train_vs_trl``.
-# With them, later on 2026-11-30 at load 1-2: 0.85-0.98x TRL on "small", 1.04x on "medium" (docs/benchmarks.md).
-BEST_2CPU = ["rollout.num_workers=1", "rollout.torch_threads=2", "reward.num_workers=1", "learner.num_workers=1",
-             "learner.strategy=single", "learner.torch_threads=2", "learner.micro_batch_size=8", "learner.packing=true"]
+# toolbox's best settings for a 2-core machine, measured with this benchmark on a quiet machine (docs/benchmarks.md,
+# "GRPO against TRL"): one rollout worker with one torch thread, one reward worker and one `single` learner rank
+# with two (it takes the second core whenever the rollout worker waits), so generation and training keep both cores
+# busy at once: the rollout worker samples ahead
+# (`rollout.max_staleness`) in blocks of 4 steps per engine call (`rollout.steps_per_generation`: a decode batch of
+# 32 rows costs about twice one of 8 on this CPU, where weights stream from memory per token), the learner trains on
+# one step at a time with truncated importance sampling for the lag. max_staleness 7 = 2 x 4 - 1 is the least that
+# lets a block be sampled while the block before it is trained on. (Before overlap and blocks, the best was one
+# actor per role with 2 threads each, each role waiting for the other: 0.81-1.04x TRL.) Packing is on, but this
+# benchmark's fixed 64-token completions leave too little padding for it to pay (`toolbox.learner.packed.PACK_BELOW`).
+BEST_2CPU = ["rollout.num_workers=1", "rollout.torch_threads=1", "reward.num_workers=1", "learner.num_workers=1",
+             "learner.strategy=single", "learner.torch_threads=2", "learner.micro_batch_size=8", "learner.packing=true",
+             "rollout.steps_per_generation=4", "rollout.max_staleness=7"]
 
 
 def toolbox_overrides(model_dir: str, sizes: dict[str, Any], settings: list[str]) -> list[str]:

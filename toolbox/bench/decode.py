@@ -6,7 +6,8 @@ Cases (issue 11): ``small`` / ``medium`` are the GRPO-vs-TRL benchmark's random 
 byte-level BPE tokenizer (2 prompts x 4 samples, 64 new tokens, fp32); ``grpo_tiny`` is the default
 experiment's tiny char-level model and batch (16 prompts x 8, 4 new tokens); ``medium_eos`` is
 ``medium`` with its EOS logit raised so rows stop at different lengths, which is where dropping
-finished rows (``lean``) and decoding padding for them (``lean_masked``) differ. Each round runs every
+finished rows (``lean``) and decoding padding for them (``lean_masked``) differ; ``lean_transformers`` is the lean
+loop with transformers' forward instead of toolbox's own (``rollout.engine.forward``). Each round runs every
 path of a case in turn (alternating), ``--repeats`` generate calls each, from the same seed; the
 report gives seconds per call (the median over rounds; wall clock and this process's CPU time,
 steadier on a loaded machine), generated tokens/s, the speed-up over ``generate`` and whether every
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-PATHS = ("generate", "lean", "lean_masked")
+PATHS = ("generate", "lean_transformers", "lean", "lean_masked")
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,8 @@ def path_call(engine: Any, path: str, case: Case, requests: list[Any]) -> Callab
     from toolbox.engines.base import SamplingConfig
 
     sampling = SamplingConfig(max_new_tokens=case.max_new_tokens, temperature=1.0)
-    engine.config = engine.config.model_copy(update={"decode": "generate" if path == "generate" else "lean"})
+    engine.config = engine.config.model_copy(update={"decode": "generate" if path == "generate" else "lean",
+                                                     "forward": "transformers" if path == "lean_transformers" else "auto"})
     # lean_masked: the engine's own lean loop with finished rows kept in the batch (decoding padding).
     loop = functools.partial(hf.decode, drop_finished=path != "lean_masked")
 
@@ -170,13 +172,14 @@ def main(argv: list[str]) -> int:
     results = [run_case(n, CASES[n], root, args.rounds, args.repeats) for n in names]
     table = Table(title=f"hf engine decode, {args.threads} thread(s), {args.rounds} rounds x {args.repeats} calls; "
                   "seconds per call (wall / process CPU), speed-up over generate")
-    for col in ("case", "rows x tokens", *(f"{p} s" for p in PATHS), "lean speed-up", "masked speed-up",
+    lean_paths = PATHS[1:]
+    for col in ("case", "rows x tokens", *(f"{p} s" for p in PATHS), *(f"{p} speed-up" for p in lean_paths),
                 "same tokens", "load"):
         table.add_column(col)
     for r in results:
         table.add_row(r["case"], f"{r['rows']} x {r['max_new_tokens']}",
                       *(f"{r[f'{p}_s']:.3f} / {r[f'{p}_cpu_s']:.3f}" for p in PATHS),
-                      *(f"{r[f'{p}_speedup']:.2f}x / {r[f'{p}_cpu_speedup']:.2f}x" for p in ("lean", "lean_masked")),
+                      *(f"{r[f'{p}_speedup']:.2f}x / {r[f'{p}_cpu_speedup']:.2f}x" for p in lean_paths),
                       str(r["same_tokens"]), f"{r['load_avg_1m']:.1f}")
     Console(width=200).print(table)
     if args.out:
