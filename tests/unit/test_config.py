@@ -30,7 +30,8 @@ def test_default_config_validates() -> None:
     assert [c.name for c in cfg.callbacks] == ["console", "jsonl", "tensorboard", "curves"]
     # A dump keeps every option of the chosen entry, not only the base spec's name.
     dumped = cfg.model_dump()
-    assert dumped["rollout"]["engine"] == {"name": "hf", "max_batch_size": 256, "decode": "lean", "device": "cpu"}
+    assert dumped["rollout"]["engine"] == {"name": "hf", "max_batch_size": 256, "decode": "lean", "forward": "auto",
+                                                 "device": "cpu"}
     assert dumped["task"] == {"name": "digit_add", "max_operand": 4, "num_operands": 2}
     assert dumped["callbacks"][1] == {"name": "jsonl", "filename": "metrics.jsonl", "samples_filename": "samples.jsonl"}
 
@@ -203,7 +204,8 @@ def test_list_index_bad_callback_option() -> None:
 def test_spec_option_edits_default_spec() -> None:
     # grpo_tiny leaves the engine at its default: an option edits the default entry (hf).
     cfg = load_config(["rollout.engine.max_batch_size=64", "reward.spec.which=last"])
-    assert cfg.rollout.engine.model_dump() == {"name": "hf", "max_batch_size": 64, "decode": "lean", "device": "cpu"}
+    assert cfg.rollout.engine.model_dump() == {"name": "hf", "max_batch_size": 64, "decode": "lean", "forward": "auto",
+                                                 "device": "cpu"}
     assert cfg.reward.spec.model_dump() == {"name": "math", "which": "last", "tolerance": 1e-6}
 
 
