@@ -278,3 +278,27 @@ def test_models_the_own_forward_does_not_take(tiny_model_dir: Path) -> None:
     assert unsupported(model) == "RoPE type 'yarn'"
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16))
     assert "model type 'gpt2'" in str(unsupported(gpt2))
+
+
+def test_weights_kept_column_major_change_no_value(tiny_model_dir: Path, learner_model: torch.nn.Module) -> None:
+    """The own forward keeps the engine's projection weights column-major on a CPU (`column_major_weights`): the
+    values and every reader stay as they were, and after a weight load re-points them the next call moves them back."""
+    from toolbox.engines.llama_decode import column_major_weights
+
+    eng = HFEngine(str(tiny_model_dir))
+    q_proj = eng.model.model.layers[0].self_attn.q_proj
+    assert q_proj.weight.is_contiguous()
+    before = eng.state_dict()
+    eng.generate(requests(eng, 1), SamplingConfig(max_new_tokens=2))
+    assert q_proj.weight.stride() == (1, q_proj.weight.shape[0]) and column_major_weights(eng.model) == 0
+    after = eng.state_dict()
+    assert all(torch.equal(before[k], v) and v.is_contiguous() for k, v in after.items())
+    state = {k: v + 0.01 for k, v in learner_model.state_dict().items()}
+    eng.update_weights(pack_state_dict(state, bucket_bytes=32 << 10))
+    assert all(torch.equal(eng.state_dict()[k], v) for k, v in state.items())
+    greedy = SamplingConfig(max_new_tokens=4, temperature=0.0)
+    ours = eng.generate(requests(eng, 1), greedy)
+    eng.config = eng.config.model_copy(update={"forward": "transformers"})
+    theirs = eng.generate(requests(eng, 1), greedy)
+    assert torch.equal(ours.response_ids_BR, theirs.response_ids_BR)
+    torch.testing.assert_close(ours.logprobs_BR, theirs.logprobs_BR, atol=1e-5, rtol=0)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from toolbox.engines.llama_decode import LlamaDecoder, unsupported
+from toolbox.engines.llama_decode import LlamaDecoder, column_major_weights, unsupported
 
 if TYPE_CHECKING:  # transformers is imported when a model is, not by every worker that imports the engines
     from transformers import PreTrainedModel
@@ -59,8 +59,11 @@ class TransformersForward:
 
 
 def forward_for(model: PreTrainedModel, forward: str, batch: int, max_len: int) -> TransformersForward | LlamaDecoder:
-    """``forward`` 'auto': toolbox's `LlamaDecoder` where the model allows it, else transformers' forward."""
+    """``forward`` 'auto': toolbox's `LlamaDecoder` where the model allows it, else transformers' forward.
+
+    Outside inference mode (it may move the model's weights: `column_major_weights`)."""
     if forward == "auto" and unsupported(model) is None:
+        column_major_weights(model)
         return LlamaDecoder(model, batch, max_len)
     return TransformersForward(model, batch, max_len)
 
@@ -77,8 +80,8 @@ def decode(model: PreTrainedModel, prompt_ids_BP: torch.Tensor, prompt_mask_BP: 
     ``forward`` (`forward_for`): 'auto' or 'transformers'.
     """
     # inference_mode: ~10% less CPU than no_grad on issue 11's small model; the clones are ordinary tensors again.
+    fwd = forward_for(model, forward, prompt_ids_BP.shape[0], prompt_ids_BP.shape[1] + max_new_tokens)
     with torch.inference_mode():
-        fwd = forward_for(model, forward, prompt_ids_BP.shape[0], prompt_ids_BP.shape[1] + max_new_tokens)
         tokens_BR, logprobs_BR = _decode(fwd, prompt_ids_BP, prompt_mask_BP, max_new_tokens, temperature, top_p,
                                          eos, pad, drop_finished)
     return tokens_BR.clone(), logprobs_BR.clone()

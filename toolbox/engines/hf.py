@@ -134,7 +134,8 @@ class HFEngine:
             self.model.to(self.device)
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        # Row-major copies: the lean loop may keep weights column-major (`column_major_weights`).
+        return {k: v.detach().clone(memory_format=torch.contiguous_format) for k, v in self.model.state_dict().items()}
 
 
 def left_pad(requests: list[PromptRequest], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
