@@ -7,7 +7,8 @@ byte-level BPE tokenizer (2 prompts x 4 samples, 64 new tokens, fp32); ``grpo_ti
 experiment's tiny char-level model and batch (16 prompts x 8, 4 new tokens); ``medium_eos`` is
 ``medium`` with its EOS logit raised so rows stop at different lengths, which is where dropping
 finished rows (``lean``) and decoding padding for them (``lean_masked``) differ; ``lean_transformers`` is the lean
-loop with transformers' forward instead of toolbox's own (``rollout.engine.forward``). Each round runs every
+loop with transformers' forward instead of toolbox's own (``rollout.engine.forward``), both of them on the weights
+as loaded (row-major; the own forward keeps them column-major, which its paths' untimed warm-up call does). Each round runs every
 path of a case in turn (alternating), ``--repeats`` generate calls each, from the same seed; the
 report gives seconds per call (the median over rounds; wall clock and this process's CPU time,
 steadier on a loaded machine), generated tokens/s, the speed-up over ``generate`` and whether every
@@ -109,6 +110,10 @@ def path_call(engine: Any, path: str, case: Case, requests: list[Any]) -> Callab
     loop = functools.partial(hf.decode, drop_finished=path != "lean_masked")
 
     def call() -> Any:
+        if path in ("generate", "lean_transformers"):  # as loaded: the own forward's column-major layout undone
+            for module in engine.model.modules():
+                if isinstance(module, torch.nn.Linear):
+                    module.weight.data = module.weight.data.contiguous()
         torch.manual_seed(0)
         with mock.patch.object(hf, "decode", loop):
             return engine.generate(requests, sampling)
