@@ -148,12 +148,58 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The unsharded state dict on rank 0 (empty on other ranks), on CPU. Collective: every rank calls it."""
     if not is_distributed():
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    gathered = _gather_cpu_shards(unwrap(model).state_dict())
+    if gathered is not None:
+        return gathered
     # Here, not at the top: it imports DTensor and sympy (~1 s), which the driver (it imports learner classes to
     # start their actors) never needs
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(unwrap(model), options=options)  # type: ignore[return-value]
+
+
+def _gather_cpu_shards(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """`full_state_dict` for FSDP2 on CPU ranks in one collective; ``None`` where it does not apply.
+
+    DCP's `get_model_state_dict` all-gathers tensor by tensor: 40-45 ms a call for ``grpo_tiny``'s 27 tensors on
+    2 gloo ranks, a fifth of the default step. Here every rank pads each of its shards to ``ceil(rows / world)``
+    rows (FSDP2 splits dim 0 as ``torch.chunk`` does), the shards go out as one flat buffer in one ``all_gather``,
+    and rank 0 cuts the full tensors back out: 2-2.5 ms for the same model. Hand-written because no torch API
+    gathers a whole FSDP2 state dict at once. Applies when every DTensor is ``Shard(0)`` over all ranks in order,
+    on the CPU, in one dtype; anything else (GPUs, HSDP meshes, mixed dtypes) takes DCP's path.
+    """
+    from torch.distributed.tensor import DTensor, Shard
+
+    world, everyone = dist.get_world_size(), list(range(dist.get_world_size()))
+    sharded = {k: v for k, v in state.items() if isinstance(v, DTensor)}
+    if not sharded or len({v.dtype for v in sharded.values()}) > 1 or any(
+            v.placements != (Shard(0),) or v.device_mesh.mesh.tolist() != everyone or v.device.type != "cpu"
+            or v.ndim == 0 or v.shape[0] == 0 for v in sharded.values()):
+        return None
+    if any(v.device.type != "cpu" for k, v in state.items() if k not in sharded):
+        return None
+    sizes = {k: -(-v.shape[0] // world) * (v.numel() // v.shape[0]) for k, v in sharded.items()}  # padded shard
+    mine = torch.zeros(sum(sizes.values()), dtype=next(iter(sharded.values())).dtype)
+    at = 0
+    for k, shard in sharded.items():
+        local = shard.to_local().detach().reshape(-1)
+        mine[at : at + local.numel()] = local
+        at += sizes[k]
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    if dist.get_rank() != 0:
+        return {}
+    out: dict[str, torch.Tensor] = {}
+    at = 0
+    for k, v in state.items():
+        if k not in sharded:
+            out[k] = v.detach().cpu()
+            continue
+        size = sizes[k]
+        out[k] = torch.cat([p[at : at + size] for p in parts])[: v.numel()].view(v.shape)
+        at += size
+    return out
 
 
 def peak_memory_gb(device: torch.device) -> float:
