@@ -33,6 +33,7 @@ def _rank(rank: int, model_dir: str, init_method: str, out: str) -> None:
             torch.save({"ours": ours, "theirs": dict(theirs)}, out)
         else:
             assert ours == {}
+        dist.barrier()  # both ranks leave together
     finally:
         dist.destroy_process_group()
 

@@ -167,6 +167,7 @@ def _packed_rank(rank: int, model_dir: str, init_method: str, out: str) -> None:
         if rank == 0:
             torch.save(state, Path(out).with_suffix(".pt"))
             Path(out).write_text(json.dumps({"metrics": metrics, "rows": [r.tolist() for r in plan.rank_rows]}))
+        dist.barrier()  # both ranks leave together (rank 1 leaving alone once aborted in gloo's teardown)
     finally:
         dist.destroy_process_group()
 
