@@ -119,10 +119,7 @@ class RolloutWorker:
 def split_rows(batch: RolloutBatch, sizes: list[int], seconds: float) -> tuple[RolloutBatch, ...]:
     """``batch`` cut into consecutive parts of ``sizes`` rows, each without the padding columns none of its rows
     needs (so a part is shaped as if generated alone); ``seconds`` shared out by rows."""
-    total, out, at = max(1, sum(sizes)), [], 0
-    for size in sizes:
-        part = batch.select(slice(at, at + size)).trimmed()
-        part.seconds = seconds * size / total
-        out.append(part)
-        at += size
-    return tuple(out)
+    parts = [part.trimmed() for part in batch.split_sizes(sizes)]
+    for part in parts:
+        part.seconds = seconds * len(part) / max(1, len(batch))
+    return tuple(parts)

@@ -1,8 +1,9 @@
 """The transformers engine: batched sampling with a KV cache, CPU default.
 
 Two decode paths give the same tokens for the same seed: ``lean`` (`toolbox.engines.decode`: a static
-cache, one forward per token, sampling and log-probs fused; toolbox's own forward for Llama-family models) and ``generate`` (``model.generate`` with
-``output_logits``), kept for attention kernels the lean loop does not drive (flash attention).
+cache, one forward per token, sampling and log-probs fused; toolbox's own forward for Llama-family models)
+and ``generate`` (``model.generate`` with ``output_logits``), kept for attention kernels the lean loop does
+not drive (flash attention).
 """
 
 from __future__ import annotations

@@ -25,15 +25,14 @@ import torch.nn.functional as F
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-MODEL_TYPES = ("llama", "qwen2", "mistral")
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 
 
 def unsupported(model: PreTrainedModel) -> str | None:
     """Why ``model`` cannot use `LlamaDecoder` (``None``: it can)."""
     cfg = model.config
-    if cfg.model_type not in MODEL_TYPES or type(model).__name__ not in {f"{n}ForCausalLM" for n in ("Llama", "Qwen2",
-                                                                                                 "Mistral")}:
-        return f"model type {cfg.model_type!r} ({type(model).__name__}) is not one of {MODEL_TYPES}"
+    if MODEL_TYPES.get(cfg.model_type) != type(model).__name__:
+        return f"model type {cfg.model_type!r} ({type(model).__name__}) is not one of {tuple(MODEL_TYPES)}"
     rope = getattr(cfg, "rope_parameters", None) or {}
     if rope.get("rope_type", "default") != "default":
         return f"RoPE type {rope.get('rope_type')!r}"
@@ -79,7 +78,7 @@ class LlamaDecoder:
         self.layers = model.model.layers
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim, self.scale = attn.head_dim, attn.scaling
-        self.q_size, self.kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        self.q_size = self.heads * self.head_dim
         rotary = model.model.rotary_emb
         self.inv_freq, self.rope_scale = rotary.inv_freq.float(), float(rotary.attention_scaling)
         param = model.lm_head.weight

@@ -171,7 +171,8 @@ def _gather_cpu_shards(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Ten
     """
     from torch.distributed.tensor import DTensor, Shard
 
-    world, everyone = dist.get_world_size(), list(range(dist.get_world_size()))
+    world = dist.get_world_size()
+    everyone = list(range(world))
     sharded = {k: v for k, v in state.items() if isinstance(v, DTensor)}
     if not sharded or len({v.dtype for v in sharded.values()}) > 1 or any(
             v.placements != (Shard(0),) or v.device_mesh.mesh.tolist() != everyone or v.device.type != "cpu"

@@ -119,7 +119,10 @@ class RolloutBatch:
         """``n`` contiguous shards whose sizes differ by at most one row."""
         if n < 1:
             raise ValueError(f"cannot split a batch into {n} shards")
-        sizes = [len(self) // n + (1 if i < len(self) % n else 0) for i in range(n)]
+        return self.split_sizes([len(self) // n + (1 if i < len(self) % n else 0) for i in range(n)])
+
+    def split_sizes(self, sizes: list[int]) -> list[RolloutBatch]:
+        """Contiguous shards of ``sizes`` rows, in order."""
         out, start = [], 0
         for size in sizes:
             out.append(self.select(slice(start, start + size)))
