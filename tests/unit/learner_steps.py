@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from toolbox.rewards.base import RewardResult
@@ -22,11 +25,27 @@ def online_step(learner: Any, shards: list[RolloutBatch], results: list[RewardRe
     return learner.update(plan, {i: shards[i] for i in plan.shards_for(0)})
 
 
-def spawn_two_gloo_ranks(fn: Callable[..., None], model_dir: str | Path, out: Path) -> None:
-    """``fn(rank, model_dir, init_method, out)`` in two spawned processes that meet through a fresh rendezvous file.
+def spawn_two_gloo_ranks(fn: Callable[[int, str, str], None], model_dir: str | Path, out: Path) -> None:
+    """``fn(rank, model_dir, out)`` in two spawned processes, each rank of one gloo group (one thread each) that
+    meets through a fresh rendezvous file.
 
     A file, not a free TCP port: a port found free and released before the ranks bind can be taken in between
     by another process on a busy machine (seen: EADDRINUSE)."""
     rendezvous = Path(tempfile.mkdtemp(prefix="gloo-")) / "rendezvous"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    mp.spawn(fn, args=(str(model_dir), f"file://{rendezvous}", str(out)), nprocs=2, join=True)
+    mp.spawn(_gloo_rank, args=(fn, str(model_dir), f"file://{rendezvous}", str(out)), nprocs=2, join=True)
+
+
+def _gloo_rank(rank: int, fn: Callable[[int, str, str], None], model_dir: str, init_method: str, out: str) -> None:
+    """Run ``fn`` as one rank, then leave without gloo's teardown.
+
+    Both ranks pass a barrier and exit with ``os._exit(0)``: destroying the group or running the interpreter's
+    exit aborted a rank now and then in CI ("terminate called without an active exception", SIGABRT) after the
+    test's work was done and written. A rank whose ``fn`` raises leaves through ``mp.spawn``, which reports it."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
+    fn(rank, model_dir, out)
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -7,7 +7,6 @@ import sys
 import types
 
 import torch
-import torch.distributed as dist
 
 from toolbox.engines.nccl_sync import NcclSyncInit, NcclWeightSender
 
@@ -30,23 +29,18 @@ def _fake_vllm_producer(sent: list) -> None:
     sys.modules[packed.__name__] = packed
 
 
-def fsdp2_send_rank(rank: int, _model_dir: str, init_method: str, out: str) -> None:
+def fsdp2_send_rank(rank: int, _model_dir: str, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
-    try:
-        model = tiny_model()
-        fully_shard(model, mesh=init_device_mesh("cpu", (2,)))
-        assert isinstance(model.state_dict()["0.weight"], torch.distributed.tensor.DTensor)
-        sent: list = []
-        _fake_vllm_producer(sent)
-        sender = NcclWeightSender(model, rank, torch.device("cpu"))
-        sender.init = NcclSyncInit("h", 1, 2, buffer_bytes=64)  # open() needs CUDA; the group is vLLM's
-        nbytes = sender.send()
-        torch.save({"sent": sent, "bytes": nbytes, "manifest": sender.manifest}, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
+    model = tiny_model()
+    fully_shard(model, mesh=init_device_mesh("cpu", (2,)))
+    assert isinstance(model.state_dict()["0.weight"], torch.distributed.tensor.DTensor)
+    sent: list = []
+    _fake_vllm_producer(sent)
+    sender = NcclWeightSender(model, rank, torch.device("cpu"))
+    sender.init = NcclSyncInit("h", 1, 2, buffer_bytes=64)  # open() needs CUDA; the group is vLLM's
+    nbytes = sender.send()
+    torch.save({"sent": sent, "bytes": nbytes, "manifest": sender.manifest}, f"{out}.{rank}")
 
 

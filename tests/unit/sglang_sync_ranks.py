@@ -62,21 +62,16 @@ def receive_buckets(manifest: list, group: object = None) -> list[tuple[str, tor
     return received
 
 
-def fake_wire_rank(rank: int, _model_dir: str, init_method: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
-    try:
-        if rank == 0:
-            joined: list = []
-            _fake_sglang(joined)
-            sender = NcclWeightSender(tiny_model(), 0, torch.device("cpu"))
-            sender.open(NcclSyncInit("127.0.0.1", 1, 2, BUFFER_BYTES, wire="sglang", backend="gloo"))
-            nbytes = sender.send()
-            torch.save({"joined": joined, "bytes": nbytes}, f"{out}.0")
-        else:
-            torch.save({"received": receive_buckets(weight_manifest(tiny_model()))}, f"{out}.1")
-    finally:
-        dist.destroy_process_group()
+def fake_wire_rank(rank: int, _model_dir: str, out: str) -> None:
+    if rank == 0:
+        joined: list = []
+        _fake_sglang(joined)
+        sender = NcclWeightSender(tiny_model(), 0, torch.device("cpu"))
+        sender.open(NcclSyncInit("127.0.0.1", 1, 2, BUFFER_BYTES, wire="sglang", backend="gloo"))
+        nbytes = sender.send()
+        torch.save({"joined": joined, "bytes": nbytes}, f"{out}.0")
+    else:
+        torch.save({"received": receive_buckets(weight_manifest(tiny_model()))}, f"{out}.1")
 
 
 def real_learner_rank(address: str, port: int, store_file: str, out: str) -> None:

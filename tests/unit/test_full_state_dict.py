@@ -6,36 +6,29 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from tests.unit.learner_steps import spawn_two_gloo_ranks
 
 
-def _rank(rank: int, model_dir: str, init_method: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
-    try:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        from torch.distributed.fsdp import fully_shard
+def _rank(rank: int, model_dir: str, out: str) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
 
-        from toolbox.learner.strategy import _gather_cpu_shards, full_state_dict
-        from toolbox.models.loading import load_causal_lm
+    from toolbox.learner.strategy import _gather_cpu_shards, full_state_dict
+    from toolbox.models.loading import load_causal_lm
 
-        model = load_causal_lm(model_dir)
-        model.register_parameter("odd", torch.nn.Parameter(torch.arange(3.0).view(1, 3)))  # 1 row on 2 ranks
-        for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
-        ours = full_state_dict(model)
-        assert _gather_cpu_shards(model.state_dict()) is not None  # the fast path, not DCP's
-        theirs = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if rank == 0:
-            torch.save({"ours": ours, "theirs": dict(theirs)}, out)
-        else:
-            assert ours == {}
-        dist.barrier()  # both ranks leave together
-    finally:
-        dist.destroy_process_group()
+    model = load_causal_lm(model_dir)
+    model.register_parameter("odd", torch.nn.Parameter(torch.arange(3.0).view(1, 3)))  # 1 row on 2 ranks
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    ours = full_state_dict(model)
+    assert _gather_cpu_shards(model.state_dict()) is not None  # the fast path, not DCP's
+    theirs = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        torch.save({"ours": ours, "theirs": dict(theirs)}, out)
+    else:
+        assert ours == {}
 
 
 def test_one_gather_equals_dcp(tiny_model_dir: Path, tmp_path: Path) -> None:

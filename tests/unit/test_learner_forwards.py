@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from tests.unit.learner_steps import online_step, spawn_two_gloo_ranks
@@ -155,21 +154,15 @@ def test_packing_does_not_change_the_grpo_update(tiny_model_dir: Path) -> None:
         torch.testing.assert_close(b[name], a[name], atol=1e-5, rtol=0)
 
 
-def _packed_rank(rank: int, model_dir: str, init_method: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
-    try:
-        learner = _grpo(Path(model_dir), True, strategy="fsdp2", workers=2)
-        shards, results = _batch(rows=2 * ROWS).split(2), [_rewards(), _rewards()]
-        plan = learner.plan(shards, results)  # every rank plans alike (rank 0 alone does in a run)
-        metrics = learner.update(plan, {i: shards[i] for i in plan.shards_for(rank)})
-        state = learner.policy.full_state_dict()
-        if rank == 0:
-            torch.save(state, Path(out).with_suffix(".pt"))
-            Path(out).write_text(json.dumps({"metrics": metrics, "rows": [r.tolist() for r in plan.rank_rows]}))
-        dist.barrier()  # both ranks leave together (rank 1 leaving alone once aborted in gloo's teardown)
-    finally:
-        dist.destroy_process_group()
+def _packed_rank(rank: int, model_dir: str, out: str) -> None:
+    learner = _grpo(Path(model_dir), True, strategy="fsdp2", workers=2)
+    shards, results = _batch(rows=2 * ROWS).split(2), [_rewards(), _rewards()]
+    plan = learner.plan(shards, results)  # every rank plans alike (rank 0 alone does in a run)
+    metrics = learner.update(plan, {i: shards[i] for i in plan.shards_for(rank)})
+    state = learner.policy.full_state_dict()
+    if rank == 0:
+        torch.save(state, Path(out).with_suffix(".pt"))
+        Path(out).write_text(json.dumps({"metrics": metrics, "rows": [r.tolist() for r in plan.rank_rows]}))
 
 
 def test_two_packed_ranks_dealt_by_tokens_make_the_one_rank_update(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from tests.unit.learner_steps import spawn_two_gloo_ranks
 from toolbox.learner.config import LearnerConfig
@@ -124,20 +123,15 @@ def test_lora_config_errors(tiny_model_dir: Path) -> None:
         LearnerConfig(lora={"rank": 4})
 
 
-def _fsdp_rank(rank: int, model_dir: str, init_method: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
-    try:
-        policy = _train(model_dir, "fsdp2", 2)
-        batch = _rows(policy.model.config.vocab_size)
-        ref_logits = _logits(policy.ref, batch)  # type: ignore[arg-type]
-        buckets = policy.export_weights()  # rank 0: the merged weights engines receive
-        if rank == 0:
-            from toolbox.rl.weights import unpack_all
+def _fsdp_rank(rank: int, model_dir: str, out: str) -> None:
+    policy = _train(model_dir, "fsdp2", 2)
+    batch = _rows(policy.model.config.vocab_size)
+    ref_logits = _logits(policy.ref, batch)  # type: ignore[arg-type]
+    buckets = policy.export_weights()  # rank 0: the merged weights engines receive
+    if rank == 0:
+        from toolbox.rl.weights import unpack_all
 
-            torch.save({"merged": unpack_all(buckets), "ref_logits": ref_logits}, out)
-    finally:
-        dist.destroy_process_group()
+        torch.save({"merged": unpack_all(buckets), "ref_logits": ref_logits}, out)
 
 
 def test_fsdp2_two_ranks_match_one_rank(trained: PolicyRank, tiny_model_dir: Path, tmp_path: Path) -> None:
