@@ -151,7 +151,7 @@ class WorkerGroup:
             self.pg, first = self._reserve(num_workers, cpus, gpus, placement_timeout_s, strategy), 0
         else:
             self.pg, first = placement
-        self.supervisor, name = _start_supervisor(role) if max_restarts else (None, "")
+        name = f"toolbox-supervisor-{role}-{uuid.uuid4().hex[:12]}" if max_restarts else ""
         healing = {"supervisor": name} if name else {}
         remote_cls = ray.remote(cls)
         self.start_s = max(timeout_s, placement_timeout_s)  # start-up (model loading): the longer of the two budgets
@@ -163,6 +163,8 @@ class WorkerGroup:
             **({"runtime_env": {"env_vars": env}} if env else {}),
         ).remote(**make_kwargs(i), **healing)
         self.actors = [self.spawn(i) for i in range(num_workers)]
+        # After the workers, so they take the worker processes Ray started ahead; they ask it only after a restart
+        self.supervisor = _start_supervisor(name) if name else None
         self.replacements, self.max_replacements = 0, 0  # `replace_all`: times done, times allowed
         self.on_replace: Callable[[WorkerGroup], None] | None = None  # sets new workers up as at start
         self._ready: Pending[Any] | None = None
@@ -254,16 +256,15 @@ class WorkerGroup:
             remove_placement_group(self.pg)
 
 
-def _start_supervisor(role: str) -> tuple[Any, str]:
-    """A group's `Supervisor` (handle, unique name) on the driver's node (it must outlive the workers it helps),
-    outside any placement group (it reserves no CPU)."""
+def _start_supervisor(name: str) -> Any:
+    """A group's `Supervisor` named ``name`` on the driver's node (it must outlive the workers it helps), outside
+    any placement group (it reserves no CPU)."""
     from .supervisor import Supervisor
 
-    name = f"toolbox-supervisor-{role}-{uuid.uuid4().hex[:12]}"
     # Hard affinity: a soft one with no resources asked lets Ray pick any node (ray-project/ray#25360 fixed only the
     # hard case), and a supervisor on a worker's node dies with it, failing the very restart it is there for.
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    return ray.remote(Supervisor).options(name=name, num_cpus=0, scheduling_strategy=here).remote(), name
+    return ray.remote(Supervisor).options(name=name, num_cpus=0, scheduling_strategy=here).remote()
 
 
 class LocalGroup:

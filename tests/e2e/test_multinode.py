@@ -31,7 +31,7 @@ from tests.run_files import steps, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 # The rollout workers need node_b (only the second node has it), the learner ranks node_a (only the head).
-SPLIT = ["experiment=grpo_tiny", "rollout.num_workers=2", "reward.num_workers=1", "learner.num_workers=2",
+SPLIT = ["experiment=grpo_tiny_fsdp2", "rollout.num_workers=2", "reward.num_workers=1", "learner.num_workers=2",
          "ray.placement.rollout.resources.node_b=1", "ray.placement.learner.resources.node_a=1", "algorithm.prompts_per_step=4", "learner.micro_batch_size=8",
          "trainer.total_steps=2", "trainer.eval_every=0", "callbacks=[{name: jsonl}]"]
 
@@ -104,7 +104,7 @@ def test_a_sweep_trial_places_actors_on_both_nodes(two_nodes: dict[str, str], tm
     trial, whose one placement group then spans the two nodes (a plain run across both nodes is the node-removal
     test's). This machine's disk is the shared filesystem of both nodes, hence trainer.shared_fs=true."""
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(f"experiment: grpo_tiny\noverrides: {json.dumps(SPLIT[1:])}\n"
+    sweep.write_text(f"experiment: grpo_tiny_fsdp2\noverrides: {json.dumps(SPLIT[1:])}\n"
                      "param_space:\n  algorithm.kl_coef: {grid: [0.0]}\n")
     out = run([f"sweep={sweep}", f"trainer.run_root={tmp_path / 'sweep'}", "trainer.shared_fs=true"], two_nodes,
               module="toolbox.tune")
@@ -118,7 +118,7 @@ def test_a_sweep_trial_places_actors_on_both_nodes(two_nodes: dict[str, str], tm
 
 # Two rollout workers spread over the two nodes (SPREAD: one per node), every other actor on the head (node_a), a
 # fraction of a CPU each: after the second node is gone, the head alone holds all of them.
-HEAL = ["experiment=grpo_tiny", "rollout.num_workers=2", "ray.placement.rollout.strategy=SPREAD",
+HEAL = ["experiment=grpo_tiny_fsdp2", "rollout.num_workers=2", "ray.placement.rollout.strategy=SPREAD",
         "reward.num_workers=1", "learner.num_workers=1", "learner.strategy=single",
         "ray.placement.reward.resources.node_a=1", "ray.placement.learner.resources.node_a=1",
         "algorithm.prompts_per_step=4", "trainer.total_steps=6", "trainer.eval_every=0", "trainer.save_every=0",

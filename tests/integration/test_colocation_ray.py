@@ -17,7 +17,8 @@ pytestmark = pytest.mark.integration
 
 def test_colocated_run_shares_bundles_and_finishes(ray_session: None, tmp_path: Path,
                                                    caplog: pytest.LogCaptureFixture) -> None:
-    cfg = load_config([f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0", "trainer.total_steps=1",
+    cfg = load_config(["experiment=grpo_tiny_fsdp2", f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0",
+                       "trainer.total_steps=1",
                        "rollout.placement=colocate", "rollout.num_workers=2", "learner.num_workers=2", "reward.num_workers=1",
                        "algorithm.prompts_per_step=4", "algorithm.group_size=4", "learner.micro_batch_size=8",
                        "rollout.sampling.max_new_tokens=4"])

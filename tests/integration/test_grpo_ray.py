@@ -22,7 +22,8 @@ pytestmark = pytest.mark.integration
 
 
 def build(tmp_path: Path, *overrides: str) -> tuple[ExperimentBuilder, Any]:
-    cfg = load_config([f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0", *overrides])
+    cfg = load_config(["experiment=grpo_tiny_fsdp2", f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0",
+                       *overrides])
     builder = ExperimentBuilder(cfg)
     return builder, builder.build_trainer()
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def fit(tiny_model_dir: Path, tmp_path: Path, steps: int, *overrides: str) -> tuple[Any, list[dict[str, float]]]:
-    cfg = load_config([f"model.path={tiny_model_dir}", f"trainer.run_root={tmp_path}", "callbacks=[]",
+    cfg = load_config(["experiment=grpo_tiny_fsdp2", f"model.path={tiny_model_dir}", f"trainer.run_root={tmp_path}", "callbacks=[]",
                        "trainer.eval_every=0", "trainer.log_samples_every=0", f"trainer.total_steps={steps}",
                        "algorithm.prompts_per_step=8", "learner.optim.warmup_steps=0",
                        "reward.spec={name: format, pattern: '^[0-9]', match: search}", "rollout.num_workers=1",

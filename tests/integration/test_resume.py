@@ -32,7 +32,7 @@ from toolbox.trainers.checkpoints import COMPLETE, latest_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-RUN = ["experiment=grpo_tiny", "algorithm.prompts_per_step=4", "algorithm.group_size=4", "rollout.num_workers=1",
+RUN = ["experiment=grpo_tiny_fsdp2", "algorithm.prompts_per_step=4", "algorithm.group_size=4", "rollout.num_workers=1",
        "reward.num_workers=1", "learner.num_workers=1", "learner.strategy=single", "learner.micro_batch_size=8",
        "trainer.eval_every=0", "trainer.total_steps=10", "trainer.save_every=5", "callbacks=[{name: jsonl}]",
        "trainer.run_name=killed", "trainer.resume_from=auto"]

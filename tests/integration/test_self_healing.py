@@ -38,7 +38,8 @@ def test_killed_rollout_and_reward_workers_are_restarted_with_current_weights(ra
                                                                                tmp_path: Path) -> None:
     """Step 2: both killed with their calls in flight, both restarted, the step completes. Step 3: the reward
     worker killed again, past ``reward.max_restarts=1``: the run fails naming role, rank and node."""
-    cfg = load_config([f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0", "trainer.save_every=0",
+    cfg = load_config(["experiment=grpo_tiny_fsdp2", f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0",
+                       "trainer.save_every=0",
                        "trainer.log_samples_every=0", "trainer.total_steps=3", "rollout.num_workers=1",
                        "reward.num_workers=1", "learner.num_workers=1", "learner.strategy=single",
                        "algorithm.prompts_per_step=4", "rollout.max_restarts=1", "reward.max_restarts=1",
@@ -97,7 +98,8 @@ def test_killed_learner_rank_restarts_the_group_from_the_last_checkpoint(ray_ses
     """Rank 1 of two FSDP2 ranks killed twice: as step 2's checkpoint is about to be written (the group starts
     anew from step_1, redoes step 2 and writes step_2), then in step 3's update (anew from step_2, step 3 done
     again); the run completes."""
-    cfg = load_config([f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0", "trainer.save_every=1",
+    cfg = load_config(["experiment=grpo_tiny_fsdp2", f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0",
+                       "trainer.save_every=1",
                        "trainer.log_samples_every=0", "trainer.total_steps=3", "rollout.num_workers=1",
                        "reward.num_workers=1", "learner.num_workers=2", "learner.strategy=fsdp2",
                        "algorithm.prompts_per_step=4", "learner.micro_batch_size=8", "learner.max_restarts=2"])

@@ -100,7 +100,7 @@ def test_asha_sweep_stops_trials_early_survives_an_interrupt_and_resumes(ray_ses
     steps = 8
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(
-        "experiment: grpo_tiny\n"
+        "experiment: grpo_tiny_fsdp2\n"
         f"overrides: [trainer.total_steps={steps}, trainer.save_every=1, {TINY}]\n"
         "metric: response_len\nmode: max\nmax_concurrent_trials: 2\n"
         "scheduler: {name: asha, grace_period: 1, reduction_factor: 2}\n"
@@ -143,7 +143,7 @@ def test_asha_sweep_stops_trials_early_survives_an_interrupt_and_resumes(ray_ses
 
 def test_a_bad_value_in_the_space_fails_before_any_trial(tmp_path: Path) -> None:
     sweep = tmp_path / "bad.yaml"
-    sweep.write_text("experiment: grpo_tiny\nparam_space:\n  learner.num_workers: {grid: [2, 3]}\n")
+    sweep.write_text("experiment: grpo_tiny_fsdp2\nparam_space:\n  learner.num_workers: {grid: [2, 3]}\n")
     assert main([f"sweep={sweep}", f"trainer.run_root={tmp_path}"]) == 2
     assert not (tmp_path / "sweeps").exists()
 
@@ -162,10 +162,10 @@ def test_trials_place_their_actors_in_the_trial_placement_group(ray_session: Non
     from toolbox.config import load_config
     from toolbox.experiment import trial_bundles
 
-    cfg = load_config(["rollout.num_workers=1", "reward.num_workers=1"])
+    cfg = load_config(["experiment=grpo_tiny_fsdp2", "rollout.num_workers=1", "reward.num_workers=1"])
     assert trial_bundles(cfg) == [{"CPU": 0.01}, {"CPU": 0.25}, {"CPU": 0.1}, {"CPU": 0.5}, {"CPU": 0.5}]
     _, rows = run_sweep(tmp_path, (
-        "experiment: grpo_tiny\n"
+        "experiment: grpo_tiny_fsdp2\n"
         "overrides: [trainer.total_steps=2, trainer.eval_every=0, rollout.num_workers=1, reward.num_workers=1,\n"
         "            algorithm.prompts_per_step=4, learner.micro_batch_size=8]\n"
         "max_concurrent_trials: 2\n"

@@ -170,7 +170,8 @@ def test_dry_run_shows_the_shared_bundles_and_the_sync_path() -> None:
     from toolbox import dry_run
     from toolbox.config import load_config
 
-    cfg = load_config(["rollout.placement=colocate", "rollout.num_workers=2", "learner.num_workers=2"])
+    cfg = load_config(["experiment=grpo_tiny_fsdp2", "rollout.placement=colocate", "rollout.num_workers=2",
+                       "learner.num_workers=2"])
     rows = {r[0]: r[4] for r in dry_run.actor_rows(cfg)}
     assert rows["rollout"] == "one, with learner rank i in bundle i: 2 x {CPU: 0.75}, PACK"
     assert rows["learner"].startswith("one, with rollout worker i in bundle i")

@@ -123,16 +123,16 @@ def test_batch_arithmetic_over_ranks() -> None:
 def test_batch_arithmetic_micro_batches() -> None:
     msg = config_error("learner.micro_batch_size=7")
     assert "batch arithmetic" in msg and "learner.micro_batch_size=7" in msg
-    assert "64" in msg and "multiple of 7" in msg
+    assert "128 must be a multiple of 7" in msg
 
 
 def test_single_strategy_needs_one_rank() -> None:
-    msg = config_error("learner.strategy=single")  # grpo_tiny has learner.num_workers=2
+    msg = config_error("learner.num_workers=2")  # grpo_tiny has learner.strategy=single
     assert "learner.strategy 'single'" in msg and "learner.num_workers is 2" in msg
 
 
 def test_local_mode_needs_one_rank() -> None:
-    assert "ray.local_mode" in config_error("ray.local_mode=true")
+    assert "ray.local_mode" in config_error("experiment=grpo_tiny_fsdp2", "ray.local_mode=true")
 
 
 def test_fields_ppo_does_not_use_are_errors_naming_each() -> None:

@@ -294,7 +294,7 @@ def test_validator_rejects_broken_rayjob(path: str, value: Any, expected: str) -
 
 RENDERED = {
     "grpo_tiny": ["experiment=grpo_tiny", "rollout.num_workers=2"],
-    "grpo_gpu_custom": ["experiment=grpo_tiny", "learner.gpus_per_worker=1", "rollout.num_workers=3",
+    "grpo_gpu_custom": ["experiment=grpo_tiny_fsdp2", "learner.gpus_per_worker=1", "rollout.num_workers=3",
                         "ray.placement.rollout.resources.node_b=1", "ray.placement.learner.strategy=STRICT_SPREAD"],
     "ppo_cartpole": ["experiment=ppo_cartpole"],
     "sft_tiny": ["experiment=sft_tiny", "learner.num_workers=4", "learner.cpus_per_worker=1.5"],

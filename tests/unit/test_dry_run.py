@@ -20,7 +20,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path, capsys: pyte
     inits: list[object] = []  # the suite's integration tests may have left a Ray instance up: watch ray.init
     monkeypatch.setattr(ray, "init", lambda *a, **k: inits.append((a, k)))
     root = tmp_path / "runs"
-    code = run_main(["experiment=grpo_tiny", f"trainer.run_root={root}", "learner.micro_batch_size=16", "--dry-run"])
+    code = run_main(["experiment=grpo_tiny_fsdp2", f"trainer.run_root={root}", "learner.micro_batch_size=16", "--dry-run"])
 
     out = capsys.readouterr().out
     assert code == 0
@@ -44,17 +44,17 @@ def test_the_parameter_count_matches_the_built_model(tiny_model_dir: Path) -> No
 
 
 def memory(*overrides: str) -> dict[str, dry_run.MemoryLine]:
-    cfg = load_config(["experiment=grpo_tiny", *overrides])
+    cfg = load_config(["experiment=grpo_tiny_fsdp2", *overrides])
     return {line.what: line for line in dry_run.memory_lines(cfg, dry_run.model_shape(cfg))}
 
 
 def test_memory_follows_sharding_precision_and_offload() -> None:
-    params = dry_run.model_shape(load_config(["experiment=grpo_tiny"])).params
+    params = dry_run.model_shape(load_config(["experiment=grpo_tiny_fsdp2"])).params
 
     fsdp = memory("learner.num_workers=2")
     assert fsdp["parameters"].bytes == params * 4 / 2
     assert fsdp["optimizer state (AdamW)"].bytes == 2 * params * 4 / 2
-    assert "frozen reference" in fsdp  # grpo_tiny has a KL term
+    assert "frozen reference" in fsdp  # grpo_tiny_fsdp2 has a KL term
     ddp = memory("learner.strategy=ddp", "learner.num_workers=2", "algorithm.kl_coef=0")
     assert ddp["parameters"].bytes == params * 4 and "frozen reference" not in ddp
     assert "gathered blocks (FSDP2)" not in ddp

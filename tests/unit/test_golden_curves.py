@@ -14,7 +14,7 @@ import pytest
 from tests.unit.golden import check_golden, run_recipe
 
 CASES = {
-    "grpo_tiny": (["trainer.total_steps=4", "algorithm.prompts_per_step=8"], ["loss", "kl", "reward", "grad_norm"]),
+    "grpo_tiny_fsdp2": (["trainer.total_steps=4", "algorithm.prompts_per_step=8"], ["loss", "kl", "reward", "grad_norm"]),
     "dapo_tiny": (["trainer.total_steps=4", "algorithm.prompts_per_step=8"], ["loss", "reward", "grad_norm"]),
     "ppo_tiny": (["trainer.total_steps=4", "algorithm.prompts_per_step=32"], ["loss", "vf_loss", "reward", "grad_norm"]),
     "online_dpo_tiny": (["trainer.total_steps=4", "algorithm.prompts_per_step=8"], ["dpo_loss", "reward", "pairs"]),

@@ -88,10 +88,11 @@ def test_micro_batches_add_up_to_the_whole() -> None:
 
 
 @pytest.mark.parametrize(("overrides", "cap"), [
-    ([], 0.0),  # synchronous: no correction, the loss as before
-    (["rollout.max_staleness=1"], 2.0),
-    (["rollout.max_staleness=1", "algorithm.tis_cap=5"], 5.0),
-    (["rollout.max_staleness=2", "algorithm.tis_cap=0"], 0.0),
+    (["experiment=grpo_tiny_fsdp2"], 0.0),  # synchronous: no correction, the loss as before
+    ([], 2.0),  # grpo_tiny samples ahead
+    (["experiment=grpo_tiny_fsdp2", "rollout.max_staleness=1"], 2.0),
+    (["experiment=grpo_tiny_fsdp2", "rollout.max_staleness=1", "algorithm.tis_cap=5"], 5.0),
+    (["experiment=grpo_tiny_fsdp2", "rollout.max_staleness=2", "algorithm.tis_cap=0"], 0.0),
     (["experiment=ppo_tiny", "rollout.max_staleness=1"], 2.0),
 ])
 def test_unset_cap_follows_max_staleness(overrides: list[str], cap: float) -> None:
@@ -154,8 +155,9 @@ def test_one_step_ahead_samples_before_the_sync_lands(tmp_path: Path) -> None:
     trainer, log, worker = make(tmp_path, 1)
     trainer.fit()
     # Step 0 samples step 1 before its own sync: step 1's batch comes from the weights before step 0's update.
+    # Nothing is sampled after step 1's update (step 2 is in flight, the last): its sync is skipped.
     assert log == ["load weights-after-0", "generate", "generate", "load weights-after-1", "generate",
-                   "load weights-after-2", "load weights-after-3"]
+                   "load weights-after-3"]
     assert [m["staleness"] for m in trainer.history] == [0.0, 1.0, 1.0]
     synchronous, _, sync_worker = make(tmp_path, 0)
     synchronous.fit()
@@ -165,13 +167,14 @@ def test_one_step_ahead_samples_before_the_sync_lands(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("staleness", "log", "lags"), [
     # Blocks {0, 1} and {2, 3} each sampled by one call; block {2, 3} waits until step 3 is within reach (step 1);
-    # the run's last block is step 4 alone, within reach at step 2.
+    # the run's last block is step 4 alone, within reach at step 2. No sync after steps 3 and 4's updates until the
+    # last (nothing samples with them).
     (2, ["load weights-after-0", "generate x2", "load weights-after-1", "generate x2", "load weights-after-2",
-         "generate", "load weights-after-3", "load weights-after-4", "load weights-after-5"], [0, 1, 1, 2, 2]),
+         "generate", "load weights-after-5"], [0, 1, 1, 2, 2]),
     # max_staleness = g - 1: a block of two is sampled when its first step runs (as TRL's steps_per_generation);
-    # the lone last step may still be sampled one step ahead.
-    (1, ["load weights-after-0", "generate x2", "load weights-after-1", "load weights-after-2", "generate x2",
-         "load weights-after-3", "generate", "load weights-after-4", "load weights-after-5"], [0, 1, 0, 1, 1]),
+    # the lone last step may still be sampled one step ahead. Steps 1 and 3 sample nothing: their syncs are skipped.
+    (1, ["load weights-after-0", "generate x2", "load weights-after-2", "generate x2",
+         "load weights-after-3", "generate", "load weights-after-5"], [0, 1, 0, 1, 1]),
 ])
 def test_blocks_of_steps_sample_in_one_call(tmp_path: Path, staleness: int, log: list[str], lags: list[int]) -> None:
     trainer, calls, worker = make(tmp_path, staleness, steps=5, per_generation=2)

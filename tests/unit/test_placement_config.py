@@ -11,7 +11,8 @@ from toolbox.experiment import check_run_root_shared, trial_bundles
 
 
 def test_custom_resources_of_a_role_go_into_its_bundles() -> None:
-    cfg = load_config(["rollout.num_workers=2", "reward.num_workers=1", "ray.placement.rollout.resources.node_b=1",
+    cfg = load_config(["experiment=grpo_tiny_fsdp2", "rollout.num_workers=2", "reward.num_workers=1",
+                       "ray.placement.rollout.resources.node_b=1",
                        "ray.placement.learner.strategy=SPREAD"])
     assert trial_bundles(cfg) == [{"CPU": 0.01}, {"CPU": 0.25, "node_b": 1.0}, {"CPU": 0.25, "node_b": 1.0},
                                   {"CPU": 0.1}, {"CPU": 0.5}, {"CPU": 0.5}]

@@ -22,7 +22,7 @@ N, K = 4, 2
 LOCAL = ["ray.local_mode=true", "learner.strategy=single", "learner.num_workers=1", "callbacks=[]",
          "trainer.eval_every=0", f"trainer.total_steps={N}", f"trainer.save_every={K}"]
 CASES = {
-    "grpo": ["experiment=grpo_tiny", "algorithm.prompts_per_step=4", "algorithm.group_size=4",
+    "grpo": ["experiment=grpo_tiny_fsdp2", "algorithm.prompts_per_step=4", "algorithm.group_size=4",
              "rollout.num_workers=2", "reward.num_workers=2", "learner.micro_batch_size=8"],
     "ppo": ["experiment=ppo_tiny", "algorithm.prompts_per_step=8", "rollout.num_workers=2", "learner.micro_batch_size=8"],
     "dpo": ["experiment=dpo_tiny", "algorithm.batch_size=8"],

@@ -63,6 +63,10 @@ def policy_roles(builder: ExperimentBuilder, learner_cls: type, algo: AlgorithmC
     c, path = builder.cfg, builder.model_path
     engine = partial(build_engine, ENGINES, c.rollout.engine, path, c.model.dtype, c.trainer.seed,
                      extra=engine_weight_transfer(c))
+    # The learner first: its ranks are the longest to start (model, reference, process group), and the actors
+    # created first take the worker processes Ray started ahead (one per CPU); the others wait for new ones.
+    learner = PolicyLearnerGroup(builder.learner_group(
+        partial(learner_cls, path, c.model.dtype, c.learner, algo, c.trainer.total_steps), wait=False))
     rollout = RolloutGroup(builder.group(
         "rollout", RolloutWorker, c.rollout.num_workers,
         lambda r: dict(rank=r, build=engine, torch_threads=c.rollout.torch_threads),
@@ -73,8 +77,6 @@ def policy_roles(builder: ExperimentBuilder, learner_cls: type, algo: AlgorithmC
         lambda r: dict(rank=r, spec=c.reward.spec, run=c.reward.run, model_path=path),
         c.reward.timeout_s, c.reward.cpus_per_worker, 0.0, wait=False,
     ))
-    learner = PolicyLearnerGroup(builder.learner_group(
-        partial(learner_cls, path, c.model.dtype, c.learner, algo, c.trainer.total_steps), wait=False))
     # The driver's own start-up (the tokenizer) while the actors of every role start
     prompts = PromptSource(TASKS.build(c.task, inject={"data": c.data}), load_tokenizer(path), c.trainer.seed)
     builder.started()  # every role's actors started at once; then the learner ranks join their process group

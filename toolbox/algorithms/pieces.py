@@ -91,7 +91,8 @@ def check_off_policy(exp: ExperimentConfig, a: OffPolicy) -> None:
 
 
 def check_rollout_batch(exp: ExperimentConfig, a: GroupSampling, mini_batches: int = 1) -> None:
-    """Rollouts of a step must split over the learner ranks, and each rank's share into whole micro-batches."""
+    """Rollouts of a step must split over the learner ranks, and each rank's share into whole micro-batches (a share
+    no larger than ``learner.micro_batch_size`` is one micro-batch)."""
     lr, rows = exp.learner, a.rollouts_per_step
     per_rank, rem = divmod(rows, lr.num_workers)
     if rem:
@@ -100,7 +101,7 @@ def check_rollout_batch(exp: ExperimentConfig, a: GroupSampling, mini_batches: i
             f"{a.group_size} = {rows} rollouts do not split over learner.num_workers={lr.num_workers} ranks"
         )
     per_mini, rem = divmod(per_rank, mini_batches)
-    if rem or per_mini % lr.micro_batch_size:
+    if rem or (per_mini > lr.micro_batch_size and per_mini % lr.micro_batch_size):
         raise ConfigError(
             f"batch arithmetic: each learner rank gets {per_rank} rollouts per step, split into "
             f"algorithm.mini_batches={mini_batches} mini-batches of learner.micro_batch_size={lr.micro_batch_size}; "

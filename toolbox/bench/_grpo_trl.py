@@ -28,6 +28,7 @@ class Stopwatch:
         self.spent: dict[str, list[float]] = {"generate_s": [], "reward_s": []}
         self.pending = {k: 0.0 for k in self.spent}
         self.ends: list[float] = []
+        self.wall_ends: list[float] = []  # time.time(), comparable with another process's clock
         self.cpu: list[float] = []
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -43,6 +44,7 @@ class Stopwatch:
 
     def step_end(self) -> None:
         self.ends.append(time.perf_counter())
+        self.wall_ends.append(time.time())
         self.cpu.append(tree_cpu_s())
         for k in self.spent:
             self.spent[k].append(self.pending[k])
@@ -60,9 +62,10 @@ def trl_callback(watch: Stopwatch) -> Any:
     return StepEnds()
 
 
-def run_trl(model_dir: str, rows: list[dict[str, str]], reward_spec: dict[str, Any], sizes: dict[str, Any]) -> dict:
-    """Train for ``len(rows) / prompts`` steps; returns step ends, per-step phase seconds, completion lengths and
-    the peak PSS of this process."""
+def run_trl(model_dir: str, rows: list[dict[str, str]], reward_spec: dict[str, Any], sizes: dict[str, Any],
+            **settings: Any) -> dict:
+    """Train for ``len(rows) / prompts`` steps; returns step ends, per-step phase seconds and mean rewards,
+    completion lengths and the peak PSS of this process. ``settings`` replace `trl_config`'s."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
@@ -75,15 +78,18 @@ def run_trl(model_dir: str, rows: list[dict[str, str]], reward_spec: dict[str, A
     torch.manual_seed(0)
     score = REWARDS.build(reward_spec)
     lengths: list[int] = []
+    rewards: list[float] = []
     watch = Stopwatch()
 
     def math_reward(prompts: list[str], completions: list[str], completion_ids: list[list[int]],
                     answer: list[str], **_: Any) -> list[float | None]:
         lengths.extend(len(ids) for ids in completion_ids)
-        return [score(RewardSample(p, c, {"answer": a})) for p, c, a in zip(prompts, completions, answer)]
+        scores = [score(RewardSample(p, c, {"answer": a})) for p, c, a in zip(prompts, completions, answer)]
+        rewards.append(sum(s or 0.0 for s in scores) / max(len(scores), 1))
+        return scores
 
     with tempfile.TemporaryDirectory() as out, PeakTreeMemory() as memory:
-        config = trl_config(out, sizes, len(rows) // sizes["prompts"])
+        config = trl_config(out, sizes, len(rows) // sizes["prompts"], **settings)
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         model.generate = watch.wrap("generate_s", model.generate)  # type: ignore[method-assign]
         trainer = GRPOTrainer(model=model, reward_funcs=watch.wrap("reward_s", math_reward), args=config,
@@ -91,15 +97,15 @@ def run_trl(model_dir: str, rows: list[dict[str, str]], reward_spec: dict[str, A
                               callbacks=[trl_callback(watch)])
         trainer.train()
         memory.sample()
-    return {"ends": watch.ends, "cpu": watch.cpu, "phases": watch.spent, "tokens": lengths,
-            "peak_pss_mib": memory.peak_mib}
+    return {"ends": watch.ends, "wall_ends": watch.wall_ends, "cpu": watch.cpu, "phases": watch.spent,
+            "tokens": lengths, "rewards": rewards, "peak_pss_mib": memory.peak_mib}
 
 
-def trl_config(out_dir: str, sizes: dict[str, Any], steps: int) -> Any:
-    """TRL's ``GRPOConfig`` matching toolbox's run (see the module docstring)."""
+def trl_config(out_dir: str, sizes: dict[str, Any], steps: int, **settings: Any) -> Any:
+    """TRL's ``GRPOConfig`` matching toolbox's run (see the module docstring); ``settings`` replace fields."""
     from trl import GRPOConfig
 
-    return GRPOConfig(
+    return GRPOConfig(**{**dict(
         output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, seed=0,
         activation_checkpointing=False,  # TRL defaults it on; transformers 5 renamed gradient_checkpointing
         per_device_train_batch_size=sizes["prompts"] * sizes["group"], gradient_accumulation_steps=1,
@@ -107,4 +113,5 @@ def trl_config(out_dir: str, sizes: dict[str, Any], steps: int) -> Any:
         generation_kwargs={"min_new_tokens": sizes["new_tokens"]}, temperature=1.0, top_p=1.0,
         beta=0.0, num_iterations=1, learning_rate=sizes["lr"], lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=0.0, max_grad_norm=1.0, max_steps=steps, shuffle_dataset=False,
-        logging_strategy="no", save_strategy="no", report_to=[], disable_tqdm=True, dataloader_num_workers=0)
+        logging_strategy="no", save_strategy="no", report_to=[], disable_tqdm=True, dataloader_num_workers=0),
+        **settings})

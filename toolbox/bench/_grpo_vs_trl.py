@@ -73,14 +73,16 @@ def toolbox_overrides(model_dir: str, sizes: dict[str, Any], settings: list[str]
             "trainer.seed=0", *settings]
 
 
-def prompt_rows(model_dir: str, sizes: dict[str, Any], steps: int) -> list[dict[str, str]]:
-    """Every step's prompts as toolbox draws them (one row per group), decoded to text for TRL."""
+def prompt_rows(model_dir: str, sizes: dict[str, Any], steps: int, task: dict[str, Any] | None = None,
+                seed: int = 0) -> list[dict[str, str]]:
+    """Every step's prompts as toolbox draws them (one row per group) from ``task`` (default `TASK`) with ``seed``,
+    decoded to text for TRL."""
     from toolbox.data.prompts import PromptSource
     from toolbox.data.tasks import TASKS
     from toolbox.models.loading import load_tokenizer
 
     tok = load_tokenizer(model_dir)
-    source = PromptSource(TASKS.build(TASK), tok, seed=0)
+    source = PromptSource(TASKS.build(task or TASK), tok, seed=seed)
     rows = []
     for step in range(steps):
         requests = source.step(step, sizes["prompts"], sizes["group"])

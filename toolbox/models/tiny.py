@@ -56,11 +56,11 @@ def _model_config(cfg: TinyModelConfig, tokenizer):  # noqa: ANN001, ANN202
 
 def ensure_tiny_model(path: str | os.PathLike[str], cfg: TinyModelConfig, alphabet: str) -> Path:
     """Write a tiny model + tokenizer to ``path`` unless one is already there; return the path."""
-    from transformers import AutoModelForCausalLM
-
     target = Path(path)
     if (target / "config.json").exists():
-        return target
+        return target  # before importing transformers: the driver resolves the path before any actor starts
+    from transformers import AutoModelForCausalLM
+
     target.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = build_char_tokenizer(cfg.alphabet or alphabet)
     tokenizer.model_max_length = cfg.max_positions  # stated, so a prompt longer than the model is a bad row

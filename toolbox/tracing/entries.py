@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:  # the driver imports this module before it needs torch (start-up)
+    import torch
 
 RewardState = Literal["ok", "abstain", "error"]
 FinishReason = Literal["stop", "length"]
@@ -105,6 +107,8 @@ class Histogram:
     @staticmethod
     def of(values: torch.Tensor, bins: int = 30) -> Histogram | None:
         """The histogram of ``values`` (``None`` for none); all-equal values get one bin around them."""
+        import torch
+
         x = values.detach().double().flatten()
         if x.numel() == 0:
             return None

@@ -113,12 +113,15 @@ class OnlineTrainer(BaseTrainer):
         trace = self.trace_request(step)
         update = self.learner.update(batches, rewards, keep, trace=trace)
         samples = [self.learner.samples()] if trace else []
-        weights, loaded = self.sync_weights()
-        self.loads.append(loaded)
-        self.version = step + 1
+        weights: list[Pending[list]] = []
+        if self._samples_next(step):
+            exported, loaded = self.sync_weights()
+            weights.append(exported)
+            self.loads.append(loaded)
+            self.version = step + 1
         # Step t - k's load, queued right after this step's batch: waiting for it adds one load, nothing more.
         due = [self.loads.popleft() for _ in range(len(self.loads) - self.max_staleness)]
-        wait(batches, rewards, update, *samples, weights, *due)  # the step's one wait
+        wait(batches, rewards, update, *samples, *weights, *due)  # the step's one wait
         metrics = mean_over_ranks(update.result())
         metrics["sync_s"] = max((s for load in due for s in load.result()), default=0.0)
         metrics["driver_wait_s"] = time.perf_counter() - t0
@@ -167,17 +170,33 @@ class OnlineTrainer(BaseTrainer):
             self.ahead[step] = Round(batches, self.reward.score(batches), shard, self.version)
 
     def _sample_ahead(self, step: int) -> None:
-        """Submit the first rounds of the blocks wholly within ``step + max_staleness`` (and the run) not yet in
-        flight; a block reaching further waits for a later step."""
+        """Submit the first rounds of the blocks `_blocks_ahead` names."""
+        for block in self._blocks_ahead(step):
+            self._first_rounds(block)
+
+    def _blocks_ahead(self, step: int) -> list[list[int]]:
+        """The blocks wholly within ``step + max_staleness`` (and the run) whose first rounds are not yet in flight;
+        a block reaching further waits for a later step."""
         reach = min(step + self.max_staleness, self.cfg.total_steps - 1)
-        later = step + 1
+        later, blocks = step + 1, []
         while later <= reach:
             block = self._block(later)
             if block[-1] > reach:
                 break
             if later not in self.ahead:
-                self._first_rounds(block)
+                blocks.append(block)
             later = block[-1] + 1
+        return blocks
+
+    def _samples_next(self, step: int) -> bool:
+        """Whether the rollout workers sample anything between step ``step``'s update and step ``step + 1``'s: only
+        then do they need step ``step``'s weights now. With blocks (``steps_per_generation`` g > 1) the steps inside
+        a block sample nothing, so g - 1 of every g syncs are skipped; the last step's always happens (the workers
+        end with the final policy), as does one before an evaluation or a DAPO step's extra rounds."""
+        nxt = step + 1
+        every = self.cfg.eval_every
+        return (self.dynamic is not None or nxt >= self.cfg.total_steps or bool(every and nxt % every == 0)
+                or nxt not in self.ahead or bool(self._blocks_ahead(nxt)))
 
     def _rollouts(self, step: int, first: Round) -> tuple[Pending[RolloutBatch], Pending[RewardResult],
                                                           list[dict[int, bool]], int]:
