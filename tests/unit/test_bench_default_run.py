@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from toolbox.bench.default_run import experiment_overrides, figures, parse, report, trl_spec
+from toolbox.bench.default_run import figures, report, trl_spec
+from toolbox.bench.startup import with_experiment
 
 
 def test_trl_side_takes_the_experiments_hyper_parameters() -> None:
-    spec = trl_spec(experiment_overrides(parse(["--override", "algorithm.kl_coef=0.1"])), steps=7)
+    spec = trl_spec(with_experiment(["algorithm.kl_coef=0.1"]), steps=7)
     assert spec["steps"] == 7 and spec["task"]["name"] == "digit_add" and spec["reward"]["name"] == "math"
     assert spec["sizes"] == {"prompts": 16, "group": 8, "new_tokens": 4, "lr": 2e-3}
     s = spec["settings"]
     assert (s["per_device_train_batch_size"], s["gradient_accumulation_steps"]) == (128, 1)  # grpo_tiny: one micro-batch
     assert (s["beta"], s["epsilon"], s["epsilon_high"]) == (0.1, 0.2, 0.28)
     assert (s["lr_scheduler_type"], s["warmup_steps"], s["generation_kwargs"]) == ("constant_with_warmup", 5, {})
-    fsdp2 = trl_spec(experiment_overrides(parse(["--override", "experiment=grpo_tiny_fsdp2"])), steps=1)["settings"]
+    fsdp2 = trl_spec(with_experiment(["experiment=grpo_tiny_fsdp2"]), steps=1)["settings"]
     assert (fsdp2["per_device_train_batch_size"], fsdp2["gradient_accumulation_steps"]) == (32, 4)
 
 

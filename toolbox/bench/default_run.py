@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from toolbox.bench.startup import one_run
+from toolbox.bench.startup import one_run, with_experiment
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -48,11 +48,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sides", default="toolbox,trl", help="comma-separated: toolbox, trl")
     p.add_argument("--out", default="", help="write every run's figures here as JSON")
     return p.parse_args(argv)
-
-
-def experiment_overrides(args: argparse.Namespace) -> list[str]:
-    named = any(o.startswith("experiment=") for o in args.override)
-    return [*([] if named else ["experiment=grpo_tiny"]), *args.override]
 
 
 def trl_spec(overrides: list[str], steps: int) -> dict[str, Any]:
@@ -155,7 +150,7 @@ def report(runs: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    overrides = experiment_overrides(args)
+    overrides = with_experiment(args.override)
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     if unknown := set(sides) - {"toolbox", "trl"}:
         raise SystemExit(f"--sides: unknown {sorted(unknown)} (toolbox, trl)")

@@ -65,6 +65,11 @@ def one_run(tree: str, steps: int, overrides: list[str], run_root: Path, name: s
             "to_exit_s": exited, "tree_cpu_s": cpu_s, **phases}
 
 
+def with_experiment(overrides: list[str]) -> list[str]:
+    """``overrides``, starting with ``experiment=grpo_tiny`` (the default run) unless they name an experiment."""
+    return overrides if any(o.startswith("experiment=") for o in overrides) else ["experiment=grpo_tiny", *overrides]
+
+
 def first_step(metrics: Path) -> dict[str, Any]:
     """The first ``step_end`` record of a metrics.jsonl (``{}`` while there is none)."""
     lines = metrics.read_text().splitlines() if metrics.exists() else []
@@ -106,8 +111,7 @@ def median_table(runs: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    overrides = args.override if any(o.startswith("experiment=") for o in args.override) else \
-        ["experiment=grpo_tiny", *args.override]
+    overrides = with_experiment(args.override)
     run_root = Path(args.run_root or tempfile.mkdtemp(prefix="toolbox-startup-"))
     trees = args.tree or [""]
     load_before = os.getloadavg()
