@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from toolbox.callbacks.console import stderr_console
+from toolbox.callbacks.files import CurvePlot, wait_for_plots
 from toolbox.core.errors import ConfigError, WorkerError
 from toolbox.startup import StartupClock
 from toolbox.watchdog import start as start_watchdog
@@ -97,6 +98,7 @@ def run(cfg, console: Console, clock: StartupClock | None = None) -> int:  # noq
         started_ray = True
         stop.install()
         builder.mark("ray_init")
+    CurvePlot.background = True  # the dashboard is drawn while Ray shuts down (`wait_for_plots` below)
     try:
         trainer = builder.build_trainer()
         summary = trainer.fit()
@@ -116,6 +118,8 @@ def run(cfg, console: Console, clock: StartupClock | None = None) -> int:  # noq
     finally:
         if started_ray:
             ray.shutdown()
+        wait_for_plots()
+        CurvePlot.background = False
         stop.end(watchdog, 0)
 
 

@@ -88,6 +88,19 @@ def test_the_curves_callback_draws_the_dashboard_at_the_end(tmp_path: Path) -> N
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_curves_callback_draws_in_the_background_when_the_entry_point_asks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolbox.callbacks.files import wait_for_plots
+
+    monkeypatch.setattr(CurvePlot, "background", True)  # what `toolbox.run` sets, then waits after Ray's shutdown
+    bus = EventBus()
+    CurvePlot(CurveConfig(metrics=["reward"]), tmp_path).attach(bus)
+    bus.emit(Event.STEP_END, {"step": 1, "metrics": LLM_STEP})
+    bus.emit(Event.FIT_END, {"summary": {"experiment": "x"}})
+    wait_for_plots()
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_metric_flag_adds_a_panel_per_metric(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = write_run(tmp_path, "tool", {**LLM_STEP, "reward/call": 0.05, "reward/answer": 0.02}, lr=1e-3)
     drawn: list[tuple[str, ...]] = []

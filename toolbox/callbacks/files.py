@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -116,9 +118,23 @@ class CurveConfig(BaseModel):
     filename: str = Field("curves.png", description="PNG file in the run directory.")
 
 
+_DRAWING: list[threading.Thread] = []  # dashboards being drawn in the background (`CurvePlot.background`)
+
+
+def wait_for_plots() -> None:
+    """Return once every dashboard started in the background is written."""
+    while _DRAWING:
+        _DRAWING.pop().join()
+
+
 @CALLBACKS.register("curves", config=CurveConfig)
 class CurvePlot:
-    """At the end of a run, draws the run's dashboard (`toolbox.plot`) into a PNG (matplotlib, headless)."""
+    """At the end of a run, draws the run's dashboard (`toolbox.plot`) into a PNG (matplotlib, headless).
+
+    ``background`` (set by `toolbox.run`, which then calls `wait_for_plots`): draw in a thread, so the second of
+    matplotlib work overlaps Ray's shutdown instead of preceding it."""
+
+    background = False
 
     def __init__(self, config: CurveConfig, run_dir: Path) -> None:
         from toolbox.plot import RunSeries
@@ -137,5 +153,11 @@ class CurvePlot:
         from toolbox.plot import dashboard
 
         # A metric this algorithm never reports (no KL without a reference) gets no empty panel.
-        dashboard([self.series], self.path, title=str(payload.get("summary", {}).get("experiment", "")),
-                  extra=self.config.metrics)
+        draw = functools.partial(dashboard, [self.series], self.path,
+                                 title=str(payload.get("summary", {}).get("experiment", "")), extra=self.config.metrics)
+        if not CurvePlot.background:
+            draw()
+            return
+        drawing = threading.Thread(target=draw, name="curves-png")
+        drawing.start()
+        _DRAWING.append(drawing)
