@@ -178,5 +178,17 @@ def print_resume_hint(console: Console, run_dir: Path) -> None:
         console.print(f"run directory: {run_dir}\nresume it with: {escape(command)}", soft_wrap=True)
 
 
+def leave(code: int) -> None:
+    """``sys.exit(code)``; after a run that ended well, without the interpreter's teardown of the torch, transformers
+    and Ray modules the driver imported (0.8 s after a default run on 2 cores, up to 1.5 s under load; measured
+    against ``os._exit``): by then the run has closed its files, trackers, dashboard and Ray instance."""
+    if code == 0:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())
