@@ -1,8 +1,8 @@
 """Runs a `Reward` over a `RolloutBatch` with a per-batch deadline, recording three states.
 
-Each sample runs in a worker thread; one that raises becomes an ERROR with the
-exception as its reason, and one still running at the deadline becomes an ERROR
-"timed out". Threads cannot be killed, so a reward stuck in a C call keeps its thread
+Samples run in worker threads; one that raises becomes an ERROR with the
+exception as its reason, and one still running (or not yet started) at the deadline
+becomes an ERROR "timed out". Threads cannot be killed, so a reward stuck in a C call keeps its thread
 until it returns; it cannot block the run. Rewards that must be isolated for safety
 (executing model-written code) need a process sandbox, which this does not provide.
 """
@@ -10,7 +10,8 @@ until it returns; it cannot block the run. Rewards that must be isolated for saf
 from __future__ import annotations
 
 import concurrent.futures as cf
-import time
+import threading
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,31 +45,50 @@ def decode_samples(batch: RolloutBatch, tokenizer) -> list[RewardSample]:  # noq
 
 
 def score_samples(reward: Reward, samples: list[RewardSample], config: RewardRunConfig) -> RewardResult:
-    """Score every sample; never raises for a sample's failure, records it instead."""
+    """Score every sample; never raises for a sample's failure, records it instead.
+
+    ``config.threads`` threads each take the next unscored sample until none is left (one future per thread, not per
+    sample: ``concurrent.futures`` costs about 30 us a future, 4 ms for a batch of 128 whose rule-based rewards take
+    0.2 ms in all). A sample stuck in its reward holds only its own thread; the others go on with the rest."""
     values = torch.zeros(len(samples))
     status = torch.full((len(samples),), int(RewardStatus.OK), dtype=torch.long)
     reasons = [""] * len(samples)
     components: list[dict[str, float | None]] = [{} for _ in samples]
-    pool = cf.ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="reward")
-    futures = {pool.submit(reward, s): i for i, s in enumerate(samples)}
-    deadline = time.monotonic() + config.timeout_s
-    try:
-        for fut in cf.as_completed(futures, timeout=max(0.0, deadline - time.monotonic())):
-            i = futures[fut]
+    outcomes: list[tuple[bool, Any] | None] = [None] * len(samples)  # (returned, value or exception) once scored
+    pending, take, stop = iter(range(len(samples))), threading.Lock(), threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            with take:
+                i = next(pending, None)
+            if i is None:
+                return
             try:
-                value = fut.result()
-                if value is None:
-                    status[i], reasons[i] = RewardStatus.ABSTAIN, "abstained"
-                else:
-                    values[i] = reward_value(value)  # NaN, inf or a non-number: this sample's error
-                    components[i] = value.components if isinstance(value, Composite) else {}
+                outcomes[i] = (True, reward(samples[i]))
             except Exception as exc:  # a reward bug is a per-sample error, reported with its reason
-                status[i], reasons[i] = RewardStatus.ERROR, f"{type(exc).__name__}: {exc}"
-    except cf.TimeoutError:
-        for fut, i in futures.items():
-            if not fut.done():
-                status[i], reasons[i] = RewardStatus.ERROR, f"timed out after {config.timeout_s}s"
+                outcomes[i] = (False, exc)
+
+    pool = cf.ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="reward")
+    try:
+        cf.wait([pool.submit(work) for _ in range(min(config.threads, len(samples)))], timeout=config.timeout_s)
     finally:
+        stop.set()  # a thread still in a reward takes no further sample
         pool.shutdown(wait=False, cancel_futures=True)
+    for i, outcome in enumerate(outcomes):
+        if outcome is None:
+            status[i], reasons[i] = RewardStatus.ERROR, f"timed out after {config.timeout_s}s"
+            continue
+        returned, value = outcome
+        if not returned:
+            status[i], reasons[i] = RewardStatus.ERROR, f"{type(value).__name__}: {value}"
+        elif value is None:
+            status[i], reasons[i] = RewardStatus.ABSTAIN, "abstained"
+        else:
+            try:
+                values[i] = reward_value(value)  # NaN, inf or a non-number: this sample's error
+            except Exception as exc:
+                status[i], reasons[i] = RewardStatus.ERROR, f"{type(exc).__name__}: {exc}"
+                continue
+            components[i] = value.components if isinstance(value, Composite) else {}
     return RewardResult(values, status, reasons, max_error_rate=config.max_error_rate,
                         components=components if any(components) else [])
