@@ -148,20 +148,25 @@ def ratio(toolbox: list[dict[str, float]], trl: list[dict[str, float]], key: str
 
 
 def run_side(spec: dict[str, Any], log_dir: str) -> dict[str, Any]:
-    """Run one side in a fresh interpreter (``python -m toolbox.bench._grpo_vs_trl SPEC OUT``) and read its result.
-    A failed side raises with the tail of its log."""
-    name = f"{spec['model']}-{spec['side']}-{spec['round']}"
-    spec_path, out_path, log_path = (Path(log_dir) / f"{name}.{ext}" for ext in ("spec.json", "out.json", "log"))
+    """Run one side in a fresh interpreter (``python -m toolbox.bench._grpo_vs_trl SPEC OUT``) and read its result."""
+    return run_child("toolbox.bench._grpo_vs_trl", spec, Path(log_dir), f"{spec['model']}-{spec['side']}-{spec['round']}",
+                     f"bench grpo: the {spec['side']} side ({spec['model']}, round {spec['round']})")
+
+
+def run_child(module: str, spec: dict[str, Any], log_dir: Path, name: str, what: str) -> Any:
+    """``python -m MODULE SPEC OUT`` in a fresh interpreter (``spec`` written to LOG_DIR/NAME.spec.json, its output
+    to NAME.log), quiet about Hugging Face progress; returns what it wrote to OUT as JSON. A failure raises naming
+    ``what`` with the tail of its log."""
+    spec_path, out_path, log_path = (log_dir / f"{name}.{ext}" for ext in ("spec.json", "out.json", "log"))
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
            "TOKENIZERS_PARALLELISM": "false"}
     with open(log_path, "w") as log:
-        done = subprocess.run([sys.executable, "-m", "toolbox.bench._grpo_vs_trl", str(spec_path), str(out_path)],
+        done = subprocess.run([sys.executable, "-m", module, str(spec_path), str(out_path)],
                               stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
     if done.returncode != 0:
         tail = "".join(log_path.read_text().splitlines(keepends=True)[-30:])
-        raise RuntimeError(f"bench grpo: the {spec['side']} side ({spec['model']}, round {spec['round']}) exited "
-                           f"with {done.returncode}; log {log_path}:\n{tail}")
+        raise RuntimeError(f"{what} exited with {done.returncode}; log {log_path}:\n{tail}")
     return json.loads(out_path.read_text())
 
 

@@ -28,13 +28,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from toolbox.bench._grpo_vs_trl import run_child
 from toolbox.bench.startup import one_run, with_experiment
 
 
@@ -94,20 +94,9 @@ def trl_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def run_trl_side(spec: dict[str, Any], log_dir: Path, name: str) -> dict[str, Any]:
     """Launch `trl_child` as ``python -m toolbox.bench.default_run SPEC OUT`` and time it from outside."""
-    spec_path, out_path, log_path = (log_dir / f"{name}.{ext}" for ext in ("spec.json", "out.json", "log"))
-    spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
     launched = time.time()
-    with open(log_path, "w") as log:
-        done = subprocess.run([sys.executable, "-m", "toolbox.bench.default_run", str(spec_path), str(out_path)],
-                              stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
-    exited = time.time() - launched
-    if done.returncode != 0:
-        raise RuntimeError(f"bench default_run: the TRL side exited with {done.returncode}; log {log_path}:\n"
-                           + "".join(log_path.read_text().splitlines(keepends=True)[-30:]))
-    got = json.loads(out_path.read_text())
-    return figures("trl", launched, exited, got["step_ends"], got["rewards"])
+    got = run_child("toolbox.bench.default_run", spec, log_dir, name, "bench default_run: the TRL side")
+    return figures("trl", launched, time.time() - launched, got["step_ends"], got["rewards"])
 
 
 def run_toolbox_side(overrides: list[str], steps: int, run_root: Path, name: str) -> dict[str, Any]:
