@@ -98,13 +98,34 @@ def _root_cause(pendings: Sequence[Pending[Any]]) -> WorkerError | None:
     return None
 
 
+class LocalFailure:
+    """The handle of an in-process call that raised: its error, raised by the wait that looks at it (and handed to
+    the calls given it), as Ray holds a failed actor call's error in its ref until a wait or a dependent call."""
+
+    def __init__(self, error: WorkerError) -> None:
+        self.error = error
+
+
+def _failed_input(args: Args) -> WorkerError | None:
+    """The error of the first failed call among ``args`` (a handle, or a list of handles)."""
+    for arg in args:
+        for handle in arg if isinstance(arg, (list, tuple)) else (arg,):
+            if isinstance(handle, LocalFailure):
+                return handle.error
+    return None
+
+
 class LocalWaiter:
-    """Handles of in-process calls are their results already."""
+    """Handles of in-process calls are their results already (or the `LocalFailure` of a call that raised)."""
 
     def wait(self, pendings: Sequence[Pending[Any]]) -> None:
-        return None
+        for pending in pendings:
+            failed = _failed_input(pending.handles)
+            if failed is not None:
+                raise failed
 
     def fetch(self, pending: Pending[T]) -> list[T]:
+        self.wait([pending])
         return list(pending.handles)
 
 
@@ -268,7 +289,8 @@ def _start_supervisor(name: str) -> Any:
 
 
 class LocalGroup:
-    """In-process stand-in for `WorkerGroup`: same methods; calls run eagerly in ``submit``."""
+    """In-process stand-in for `WorkerGroup`: same methods; calls run eagerly in ``submit``, and one that raises
+    fails its `Pending` (the wait raises it; a call given its result fails with the same error, unrun)."""
 
     def __init__(self, role: str, workers: list[Any]) -> None:
         self.role, self.workers = role, workers
@@ -284,15 +306,22 @@ class LocalGroup:
             # As Ray does for actor calls: a top-level ObjectRef argument arrives as its value
             # (workers may put into the object store whenever Ray is up, local mode or not).
             a = tuple(ray.get(x) if isinstance(x, ray.ObjectRef) else x for x in a)
+            upstream = _failed_input(a)
+            if upstream is not None:
+                out.append(LocalFailure(upstream))
+                continue
             try:
                 out.append(getattr(self.workers[r], method)(*a))
             except Exception as err:
-                raise WorkerError(self.role, r, "local", f"{method} raised: {type(err).__name__}: {err}") from err
+                failure = WorkerError(self.role, r, "local", f"{method} raised: {type(err).__name__}: {err}")
+                failure.__cause__ = err
+                out.append(LocalFailure(failure))
         return Pending(out, targets, method, self.role, ["local"] * len(self.workers), 0.0, LOCAL_WAITER, bulk)
 
     def submit_parts(self, method: str, args_list: Sequence[Args], parts: int, bulk: bool = False) -> list[Pending[Any]]:
         whole = self.submit(method, args_list, bulk=bulk)
-        return [replace(whole, handles=[h[j] for h in whole.handles]) for j in range(parts)]
+        return [replace(whole, handles=[h if isinstance(h, LocalFailure) else h[j] for h in whole.handles])
+                for j in range(parts)]
 
     def call(self, method: str, args_list: Sequence[Args] | None = None, ranks: Sequence[int] | None = None,
              timeout_s: float | None = None) -> list[Any]:

@@ -211,10 +211,49 @@ def test_a_restart_drops_the_rounds_in_flight(tmp_path: Path) -> None:
     """`prepare` (which a restarted learner group comes back through) samples the steps in flight again."""
     trainer, log, _ = make(tmp_path, 2, steps=4)
     trainer.prepare()
-    trainer.run_step(0)
-    assert sorted(trainer.ahead) == [1, 2] and trainer.version == 1
+    trainer.run_step(0)  # step 1's calls went out before step 0's wait, and sampled step 3 ahead
+    assert list(trainer.submitted) == [1] and sorted(trainer.ahead) == [2, 3] and trainer.version == 1
     trainer.prepare()
-    assert not trainer.ahead and not trainer.loads and trainer.version == 0
+    assert not trainer.ahead and not trainer.submitted and not trainer.loads and trainer.version == 0
+
+
+class LoggingLearner(FakeLearner):
+    """Logs its updates and exports into the rollout worker's log: one order for both roles' calls."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__(0)
+        self.log = log
+
+    def update_planned(self, plan: dict[str, Any], batches: list[dict[str, int]]) -> dict[str, float]:
+        self.log.append("update")
+        return super().update_planned(plan, batches)
+
+    def export_weights(self) -> list[Any]:
+        self.log.append("export")
+        return super().export_weights()
+
+
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_the_next_step_goes_out_early_in_the_same_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        staleness: int) -> None:
+    """Submitting step t + 1's calls before step t's wait changes neither the calls nor their order (so no number);
+    it is not done before an evaluation, a checkpoint or the run's end."""
+    logs, early = [], []
+    for submits_early in (True, False):
+        trainer, log, _ = make(tmp_path, staleness, steps=7, per_generation=1 + (staleness > 0))
+        trainer.cfg = trainer.cfg.model_copy(update={"eval_every": 3, "save_every": 5})
+        trainer.learner = PolicyLearnerGroup(LocalGroup("learner", [LoggingLearner(log)]))
+        trainer.evaluate = lambda: {}  # type: ignore[method-assign]  # the fake reward scores no greedy set
+        if not submits_early:
+            monkeypatch.setattr(trainer, "_submits_next", lambda step: False)
+        else:
+            real = trainer._submits_next
+            monkeypatch.setattr(trainer, "_submits_next", lambda step: early.append(real(step)) or early[-1])
+        trainer.fit()
+        logs.append(log)
+    assert logs[0] == logs[1] and logs[0].count("update") == 7
+    # the loop counts steps from 1: evaluations after steps 3 and 6, a checkpoint after 5, the run ends after 7
+    assert early == [True, True, False, True, False, False, False]
 
 
 def test_idle_shares_by_hand() -> None:

@@ -6,9 +6,11 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from toolbox.core.wire import TensorFields
+
 
 @dataclass
-class TrajectoryBatch:
+class TrajectoryBatch(TensorFields):
     """One rollout of ``T`` steps in each of ``N`` env copies.
 
     ``obs_TNO`` are the policy inputs exactly as the runner saw them (normalised with

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import torch
 
 from toolbox.core.registry import Registry
+from toolbox.core.wire import TensorFields
 
 
 class RewardStatus(enum.IntEnum):
@@ -81,7 +82,7 @@ class Reward(Protocol):
 
 
 @dataclass
-class RewardResult:
+class RewardResult(TensorFields):
     """Per-sample rewards of a batch. ``values_B`` is 0 wherever ``status_B`` is not OK.
 
     ``seconds`` is how long scoring took (a concatenation keeps the longest). ``max_error_rate`` is the

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from toolbox.core.wire import TensorFields
+
 FINISH_STOP = 0  # the engine sampled EOS / a stop token
 FINISH_LENGTH = 1  # max_new_tokens reached
 
@@ -25,7 +27,7 @@ class PromptRequest:
 
 
 @dataclass
-class RolloutBatch:
+class RolloutBatch(TensorFields):
     """A batch of sampled completions, shaped ``[B, P]`` (prompt) and ``[B, R]`` (response).
 
     Prompts are left-padded and responses right-padded, so ``cat([prompt_ids,

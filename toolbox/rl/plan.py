@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from toolbox.core.wire import TensorFields
 from toolbox.rewards.base import MAX_REASONS, RewardResult
 from toolbox.rl.batch import RolloutBatch
 from toolbox.tracing.entries import StepSamples
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class StepPlan:
+class StepPlan(TensorFields):
     """Which global rows each learner rank trains on, plus the step's metrics (the same for every rank).
 
     ``shard_rows`` counts the rows of each rollout shard, in order. ``rank_rows[r]`` holds the

@@ -37,7 +37,7 @@ from toolbox.engines.base import SamplingConfig
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import PromptRequest, RolloutBatch
 from toolbox.rl.sampling import choose_groups, informative_groups
-from toolbox.tracing.entries import TraceRequest
+from toolbox.tracing.entries import StepSamples, TraceRequest
 from toolbox.trainers.base import BaseTrainer
 from toolbox.trainers.healing import step_with_restarts, with_restarts
 from toolbox.trainers.roles import Metrics, PolicyLearnerRole, RewardRole, RolloutRole, StatefulRole
@@ -57,6 +57,23 @@ class Round:
     rewards: Pending[RewardResult]
     shards: list[list[PromptRequest]]
     version: int
+
+
+@dataclass
+class StepCalls:
+    """One step's calls in flight: its batches and rewards (with DAPO's rounds and the rows they sampled), the
+    policy version that sampled its first round, its update, the samples it records, its weight export and the
+    older weight loads its wait takes in."""
+
+    batches: Pending[RolloutBatch]
+    rewards: Pending[RewardResult]
+    rounds: list[dict[int, bool]]
+    rows: int
+    version: int
+    update: Pending[Metrics]
+    samples: list[Pending[StepSamples | None]]
+    weights: list[Pending[list]]
+    due: list[Pending[float]]
 
 
 class OnlineTrainer(BaseTrainer):
@@ -85,6 +102,7 @@ class OnlineTrainer(BaseTrainer):
         self.run_dir = run_dir
         self.dynamic = dynamic if dynamic is not None and dynamic.dynamic_sampling else None
         self.ahead: dict[int, Round] = {}  # first rounds of later steps, sampled while the learner trains
+        self.submitted: dict[int, StepCalls] = {}  # the next step's calls, submitted before this step's wait
         self.loads: deque[Pending[float]] = deque()  # weight loads submitted and not yet waited for, oldest first
         self.version = 0  # the policy version (learner steps done) the rollout workers hold for the next sample
 
@@ -93,6 +111,7 @@ class OnlineTrainer(BaseTrainer):
         again (a restarted learner group comes back through here)."""
         start = self.resume(self.learner.load)
         self.ahead.clear()
+        self.submitted.clear()
         self.loads.clear()
         wait(*self.sync_weights())
         self.version = start
@@ -103,7 +122,30 @@ class OnlineTrainer(BaseTrainer):
         return step_with_restarts(self, step, self.run_step)
 
     def run_step(self, step: int) -> Metrics:
+        """Step ``step``'s calls (submitted now, or by the step before: `_submits_next`), then the step's one wait and
+        its metrics; the next step's calls go out before that wait when nothing between the two steps needs this
+        step's results, so the learner finds its next update queued instead of idling while the driver reports."""
         t0 = time.perf_counter()
+        calls = self.submitted.pop(step) if step in self.submitted else self._submit(step)
+        if self._submits_next(step):
+            self.submitted[step + 1] = self._submit(step + 1)
+        wait(calls.batches, calls.rewards, calls.update, *calls.samples, *calls.weights, *calls.due)
+        metrics = mean_over_ranks(calls.update.result())
+        metrics["sync_s"] = max((s for load in calls.due for s in load.result()), default=0.0)
+        metrics["driver_wait_s"] = time.perf_counter() - t0
+        metrics.update(role_shares(metrics, step - calls.version))
+        self.bus.emit(Event.ROLLOUT_END, {"step": step + 1, "rounds": len(calls.rounds) or 1, "rows": calls.rows})
+        recorded = calls.samples[0].result()[0] if calls.samples else None
+        if recorded is not None:  # a learner whose plan records nothing (a plugin's) has none
+            self.bus.emit(Event.SAMPLES, {"step": step + 1, "samples": recorded})
+        if self.dynamic:
+            metrics["sampling_rounds"] = float(len(calls.rounds))
+            metrics["informative_groups"] = float(sum(ok for rd in calls.rounds for ok in rd.values()))
+        return metrics
+
+    def _submit(self, step: int) -> StepCalls:
+        """Every call of step ``step``, in the order the workers must run them: its rollouts (and the rounds sampled
+        ahead), its update, its weight sync when the workers sample before the next step."""
         if step not in self.ahead:
             self._first_rounds(self._block(step))
         first = self.ahead.pop(step)
@@ -121,19 +163,18 @@ class OnlineTrainer(BaseTrainer):
             self.version = step + 1
         # Step t - k's load, queued right after this step's batch: waiting for it adds one load, nothing more.
         due = [self.loads.popleft() for _ in range(len(self.loads) - self.max_staleness)]
-        wait(batches, rewards, update, *samples, *weights, *due)  # the step's one wait
-        metrics = mean_over_ranks(update.result())
-        metrics["sync_s"] = max((s for load in due for s in load.result()), default=0.0)
-        metrics["driver_wait_s"] = time.perf_counter() - t0
-        metrics.update(role_shares(metrics, step - first.version))
-        self.bus.emit(Event.ROLLOUT_END, {"step": step + 1, "rounds": len(rounds) or 1, "rows": rows})
-        recorded = samples[0].result()[0] if samples else None
-        if recorded is not None:  # a learner whose plan records nothing (a plugin's) has none
-            self.bus.emit(Event.SAMPLES, {"step": step + 1, "samples": recorded})
-        if self.dynamic:
-            metrics["sampling_rounds"] = float(len(rounds))
-            metrics["informative_groups"] = float(sum(ok for rd in rounds for ok in rd.values()))
-        return metrics
+        return StepCalls(batches, rewards, rounds, rows, first.version, update, samples, weights, due)
+
+    def _submits_next(self, step: int) -> bool:
+        """Whether step ``step + 1``'s calls may go out before step ``step``'s wait: not when something happens
+        between the two steps that must see step ``step``'s results or weights and not ``step + 1``'s (an
+        evaluation, a checkpoint, the end of the run, a plugin's early stop), nor with DAPO's dynamic sampling (its
+        rounds look at rewards first). The workers run the calls in the same order either way: the numbers do not
+        change, only the driver's reporting overlaps the learner's next update."""
+        nxt, cfg = step + 1, self.cfg
+        return (self.dynamic is None and nxt < cfg.total_steps and nxt not in self.submitted
+                and not any(every and nxt % every == 0 for every in (cfg.eval_every, cfg.save_every))
+                and type(self).should_stop is BaseTrainer.should_stop)
 
     def trace_request(self, step: int) -> TraceRequest | None:
         """At every ``trainer.log_samples_every``-th step (the first included): record ``trainer.log_samples``
