@@ -11,6 +11,7 @@ import torch
 from toolbox.core.seeding import rng_state, set_rng_state
 from toolbox.engines import SamplingConfig
 from toolbox.engines.base import sleep_engine, wake_engine
+from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import PromptRequest, RolloutBatch
 
 from .resolve import node_info, resolve
@@ -21,9 +22,11 @@ class RolloutWorker:
     """Generates rollouts and loads new weights; the driver only ever holds refs to its batches."""
 
     def __init__(self, rank: int, build: Callable[[int], Any], torch_threads: int = 1,
-                 supervisor: str | None = None) -> None:
+                 supervisor: str | None = None, scorer: Callable[[], Any] | None = None) -> None:
         """``supervisor`` (the name of a restartable group's `Supervisor`): after a restart by Ray, the weights
-        this rank had loaded are loaded again before any retried call runs."""
+        this rank had loaded are loaded again before any retried call runs. ``scorer`` (``reward.num_workers: 0``)
+        builds the reward that scores this worker's batches in its own process (a `RewardWorker` object)."""
+        self.scorer = scorer() if scorer is not None else None  # before the thread count: it sets its own
         torch.set_num_threads(torch_threads)
         self.rank, self.supervisor = rank, supervisor
         self.engine = build(rank)
@@ -55,6 +58,15 @@ class RolloutWorker:
         start = time.perf_counter()
         batch = self.engine.generate([r for requests in requests_per_step for r in requests], sampling)
         return split_rows(batch, [len(requests) for requests in requests_per_step], time.perf_counter() - start)
+
+    def score(self, batch: RolloutBatch) -> RewardResult:
+        """``reward.num_workers: 0``: `RewardWorker.score` in this process, with no reward actor and no hop (the
+        batch, this worker's own, is resolved from its store). Runs between this worker's engine calls."""
+        if self.scorer is None:
+            raise RuntimeError(f"rollout worker {self.rank} holds no reward (reward.num_workers > 0: the reward "
+                               "workers score)")
+        result: RewardResult = self.scorer.score(batch)
+        return result
 
     def update_weights(self, bucket_refs: list[Any]) -> float:
         """Load the exported buckets; returns the seconds it took."""

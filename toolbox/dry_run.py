@@ -113,6 +113,8 @@ def actor_rows(cfg: ExperimentConfig) -> list[tuple[str, ...]]:
         strategy = getattr(placement.get(role), "strategy", "PACK")
         where = ("in-process (ray.local_mode)" if cfg.ray.local_mode
                  else f"{n} x {_bundle_text(bundle)}, {strategy}")
+        if role == "reward" and not n:
+            where = "none: each rollout worker scores its own batches (reward.num_workers: 0)"
         if colocated(cfg, role) and not cfg.ray.local_mode:
             shared, strategy = colocated_bundle(cfg)
             other = "learner rank" if role == "rollout" else "rollout worker"

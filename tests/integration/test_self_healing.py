@@ -38,8 +38,10 @@ def test_killed_rollout_and_reward_workers_are_restarted_with_current_weights(ra
                                                                                tmp_path: Path) -> None:
     """Step 2: both killed with their calls in flight, both restarted, the step completes. Step 3: the reward
     worker killed again, past ``reward.max_restarts=1``: the run fails naming role, rank and node."""
+    # A checkpoint after every step keeps each step's calls from going out before the step before has finished
+    # (`OnlineTrainer._submits_next`), so the kills below land in the step that ``trainer.step`` names.
     cfg = load_config(["experiment=grpo_tiny_fsdp2", f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0",
-                       "trainer.save_every=0",
+                       "trainer.save_every=1",
                        "trainer.log_samples_every=0", "trainer.total_steps=3", "rollout.num_workers=1",
                        "reward.num_workers=1", "learner.num_workers=1", "learner.strategy=single",
                        "algorithm.prompts_per_step=4", "rollout.max_restarts=1", "reward.max_restarts=1",

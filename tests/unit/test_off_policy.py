@@ -4,6 +4,7 @@ maths by hand, the config rules, and the order in which the loop drives (recordi
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +234,11 @@ class LoggingLearner(FakeLearner):
         return super().export_weights()
 
 
+def recorded(decide: Any, answers: list[bool], step: int) -> bool:
+    answers.append(decide(step))
+    return answers[-1]
+
+
 @pytest.mark.parametrize("staleness", [0, 2])
 def test_the_next_step_goes_out_early_in_the_same_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                         staleness: int) -> None:
@@ -247,8 +253,7 @@ def test_the_next_step_goes_out_early_in_the_same_order(tmp_path: Path, monkeypa
         if not submits_early:
             monkeypatch.setattr(trainer, "_submits_next", lambda step: False)
         else:
-            real = trainer._submits_next
-            monkeypatch.setattr(trainer, "_submits_next", lambda step: early.append(real(step)) or early[-1])
+            monkeypatch.setattr(trainer, "_submits_next", partial(recorded, trainer._submits_next, early))
         trainer.fit()
         logs.append(log)
     assert logs[0] == logs[1] and logs[0].count("update") == 7

@@ -67,16 +67,18 @@ def policy_roles(builder: ExperimentBuilder, learner_cls: type, algo: AlgorithmC
     # created first take the worker processes Ray started ahead (one per CPU); the others wait for new ones.
     learner = PolicyLearnerGroup(builder.learner_group(
         partial(learner_cls, path, c.model.dtype, c.learner, algo, c.trainer.total_steps), wait=False))
-    rollout = RolloutGroup(builder.group(
+    reward_kwargs = (lambda r: dict(rank=r, spec=c.reward.spec, run=c.reward.run, model_path=path))  # noqa: E731
+    hosted = c.reward.num_workers == 0  # the rollout workers score their own batches
+    rollout_group = builder.group(
         "rollout", RolloutWorker, c.rollout.num_workers,
-        lambda r: dict(rank=r, build=engine, torch_threads=c.rollout.torch_threads),
+        lambda r: dict(rank=r, build=engine, torch_threads=c.rollout.torch_threads,
+                       scorer=partial(RewardWorker, **reward_kwargs(r)) if hosted else None),
         c.rollout.timeout_s, c.rollout.cpus_per_worker, c.rollout.gpus_per_worker, wait=False,
-    ))
-    reward = RewardGroup(builder.group(
-        "reward", RewardWorker, c.reward.num_workers,
-        lambda r: dict(rank=r, spec=c.reward.spec, run=c.reward.run, model_path=path),
-        c.reward.timeout_s, c.reward.cpus_per_worker, 0.0, wait=False,
-    ))
+    )
+    rollout = RolloutGroup(rollout_group)
+    reward = RewardGroup(rollout_group if hosted else builder.group(
+        "reward", RewardWorker, c.reward.num_workers, reward_kwargs, c.reward.timeout_s, c.reward.cpus_per_worker, 0.0,
+        wait=False))
     # The driver's own start-up (the tokenizer) while the actors of every role start
     prompts = PromptSource(TASKS.build(c.task, inject={"data": c.data}), load_tokenizer(path), c.trainer.seed)
     builder.started()  # every role's actors started at once; then the learner ranks join their process group

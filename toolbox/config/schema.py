@@ -106,7 +106,10 @@ class RewardConfig(BaseModel):
     """Reward workers: how many, which reward, its deadline."""
 
     model_config = ConfigDict(extra="forbid")
-    num_workers: int = Field(1, ge=1, description="Reward worker actors; rollout shards are spread across them.")
+    num_workers: int = Field(1, ge=0, description="Reward worker actors; rollout shards are spread across them. 0: "
+                             "each rollout worker scores its own batches in its process (no reward actors, no hop; "
+                             "for cheap rule-based rewards on few cores; the reward's cpus, timeout and restarts are "
+                             "the rollout workers').")
     spec: Annotated[SerializeAsAny[Spec], REWARD] = Field(
         default_factory=REWARD.make_default, description="Reward: `name` selects it (default math), the rest are its options.")
     run: RewardRunConfig = Field(default_factory=RewardRunConfig, description="Per-batch deadline and threads.")
