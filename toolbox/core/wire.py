@@ -31,10 +31,10 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
-def rebuild(cls: type, state: dict[str, Any], kinds: dict[str, int]) -> Any:
+def rebuild(cls: type[Any], state: dict[str, Any], kinds: dict[str, int]) -> Any:
     """The inverse of `TensorFields.__reduce__` (no ``__init__`` or ``__post_init__`` again: the sender's object
     was already checked)."""
-    obj = cls.__new__(cls)
+    obj = object.__new__(cls)
     for name, kind in kinds.items():
         value = state[name]
         state[name] = _tensor(value) if kind == _AS_ARRAY else [_tensor(a) for a in value]
