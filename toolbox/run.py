@@ -88,6 +88,7 @@ def run(cfg, console: Console, clock: StartupClock | None = None) -> int:  # noq
     stop, watchdog = SignalStop(), None  # SIGTERM/SIGINT unwind the run: Ray shut down, exit 128 + signal
     if not cfg.ray.local_mode and not ray.is_initialized():
         watchdog = start_watchdog()  # ends what a SIGKILL of this process would leave of a local instance
+        warming = builder.warm_up()  # the driver's own loading, while Ray's processes start
         try:
             connect_ray(cfg)  # bounded by ray.connect_timeout_s; no address: a new local instance
         except ConfigError as err:
@@ -97,6 +98,7 @@ def run(cfg, console: Console, clock: StartupClock | None = None) -> int:  # noq
             return stop.end(watchdog, stop.report(console, builder.run_dir))
         started_ray = True
         stop.install()
+        warming.join()
         builder.mark("ray_init")
     CurvePlot.background = True  # the dashboard is drawn while Ray shuts down (`wait_for_plots` below)
     try:

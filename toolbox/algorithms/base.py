@@ -58,8 +58,6 @@ def policy_roles(builder: ExperimentBuilder, learner_cls: type, algo: AlgorithmC
     from toolbox.data.tasks import TASKS
     from toolbox.engines import ENGINES
     from toolbox.engines.placement import engine_weight_transfer
-    from toolbox.models.loading import load_tokenizer
-
     c, path = builder.cfg, builder.model_path
     engine = partial(build_engine, ENGINES, c.rollout.engine, path, c.model.dtype, c.trainer.seed,
                      extra=engine_weight_transfer(c))
@@ -80,7 +78,7 @@ def policy_roles(builder: ExperimentBuilder, learner_cls: type, algo: AlgorithmC
         "reward", RewardWorker, c.reward.num_workers, reward_kwargs, c.reward.timeout_s, c.reward.cpus_per_worker, 0.0,
         wait=False))
     # The driver's own start-up (the tokenizer) while the actors of every role start
-    prompts = PromptSource(TASKS.build(c.task, inject={"data": c.data}), load_tokenizer(path), c.trainer.seed)
+    prompts = PromptSource(TASKS.build(c.task, inject={"data": c.data}), builder.tokenizer, c.trainer.seed)
     builder.started()  # every role's actors started at once; then the learner ranks join their process group
     return PolicyRoles(rollout, reward, learner, prompts)
 
