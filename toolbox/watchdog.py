@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+LISTED_AFTER_S = 30.0  # by then a local instance's own processes (head, agents) have all started
 Proc = tuple[int, int]  # (pid, start time in clock ticks since boot): one process; a recycled pid does not match
 
 
@@ -80,10 +81,15 @@ def watch(driver: int, interval: float, announce: bool = False) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     procs: set[Proc] = set()
+    started, scans = time.monotonic(), 0
     while os.getppid() == driver:
-        # Cumulative: a process whose parent died (the agents, once the raylet is gone) is no longer below the
-        # driver but still one of its instance's; only the ones that ended are dropped.
-        procs = {p for p in procs if _start_time(p[0]) == p[1]} | descendants(driver, skip=os.getpid())
+        # A scan reads every thread's children of every process (Ray's have dozens): 5-10 ms of CPU. The
+        # instance's own processes start in its first seconds: after LISTED_AFTER_S, every tenth turn scans.
+        if time.monotonic() - started < LISTED_AFTER_S or scans % 10 == 0:
+            # Cumulative: a process whose parent died (the agents, once the raylet is gone) is no longer below the
+            # driver but still one of its instance's; only the ones that ended are dropped.
+            procs = {p for p in procs if _start_time(p[0]) == p[1]} | descendants(driver, skip=os.getpid())
+        scans += 1
         if announce:
             print(f"listed {len(procs)}", flush=True)
             announce = False

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -51,3 +53,43 @@ def test_a_run_learns_the_same_with_either_layout(tmp_path: Path) -> None:
     runs = [run_recipe(tmp_path / str(n), f"reward.num_workers={n}", "trainer.total_steps=3") for n in (0, 1)]
     for key in ("reward", "loss"):
         assert [m[key] for m in runs[0]] == [m[key] for m in runs[1]]
+
+
+def test_roles_sharing_a_group_ask_for_its_restarts_once(tmp_path: Path) -> None:
+    """With the reward hosted by the rollout workers, one question to their group per step answers for both."""
+    from toolbox.actors.group import LocalGroup
+    from toolbox.actors.roles import RewardGroup, RolloutGroup
+
+    from toolbox.trainers.healing import step_with_restarts
+
+    class Counting(LocalGroup):
+        asked = 0
+
+        def restarts(self) -> int:
+            Counting.asked += 1
+            return 2
+
+    shared = Counting("rollout", [object()])
+    trainer = SimpleNamespace(rollout=RolloutGroup(shared), reward=RewardGroup(shared),
+                              learner=SimpleNamespace(restarts=lambda: 0))
+    metrics = step_with_restarts(trainer, 0, lambda step: {"loss": 1.0})  # type: ignore[arg-type]
+    assert Counting.asked == 1
+    assert metrics == {"loss": 1.0, "rollout_restarts": 2.0, "reward_restarts": 2.0, "learner_restarts": 0.0}
+
+
+def test_a_task_prompt_is_tokenised_once() -> None:
+    from tests.unit.test_trainer import CharTokenizer
+    from toolbox.data.prompts import PromptSource
+    from toolbox.data.tasks import TASKS
+
+    calls: list[str] = []
+
+    class Counting(CharTokenizer):
+        def __call__(self, text: str, **kwargs: Any) -> Any:
+            calls.append(text)
+            return super().__call__(text, **kwargs)
+
+    source, plain = (PromptSource(TASKS.build({"name": "digit_add"}), tok, seed=0) for tok in (Counting(), CharTokenizer()))
+    for step in range(20):
+        assert [r.ids for r in source.step(step, 16, 2)] == [r.ids for r in plain.step(step, 16, 2)]
+    assert len(calls) == len(set(calls)) == len(source.text_ids) <= 25  # digit_add's operands 0-4: 25 prompts

@@ -18,6 +18,7 @@ from toolbox.data.tasks import Problem, PromptDataset, Task
 from toolbox.rl.batch import PromptRequest
 
 UNSTATED_LIMIT = 10**9  # transformers' stand-in for "no limit" is about 1e30
+TEXT_IDS_KEPT = 1 << 16  # distinct prompt texts whose ids `PromptSource` remembers
 
 
 class PromptSource:
@@ -25,6 +26,7 @@ class PromptSource:
 
     def __init__(self, task: Task, tokenizer: Any, seed: int) -> None:
         self.task, self.tokenizer, self.seed = task, tokenizer, seed
+        self.text_ids: dict[str, list[int]] = {}  # a task's prompt text -> its ids (`prompt_ids`)
         self.dataset = task if isinstance(task, PromptDataset) else None
         self.order: EpochOrder | None = None
         if self.dataset is not None:
@@ -51,10 +53,16 @@ class PromptSource:
         return self._requests(problems, 1)
 
     def prompt_ids(self, problem: Problem) -> list[int]:
-        """A problem's prompt as ids: the dataset's own rendering (chat template, system prompt), else plain text."""
+        """A problem's prompt as ids: the dataset's own rendering (chat template, system prompt), else plain text
+        (remembered by text: a generated task repeats its prompts, and the driver tokenises every step's)."""
         if self.dataset is not None:
             return self.dataset.prompt_ids(problem, self.tokenizer)
-        return list(self.tokenizer(problem.prompt, add_special_tokens=True)["input_ids"])
+        ids = self.text_ids.get(problem.prompt)
+        if ids is None:
+            ids = list(self.tokenizer(problem.prompt, add_special_tokens=True)["input_ids"])
+            if len(self.text_ids) < TEXT_IDS_KEPT:
+                self.text_ids[problem.prompt] = ids
+        return ids
 
     def _requests(self, problems: Sequence[Problem], group_size: int, first_group: int = 0) -> list[PromptRequest]:
         out: list[PromptRequest] = []

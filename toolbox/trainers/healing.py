@@ -47,9 +47,12 @@ def step_with_restarts(trainer: OnlineTrainer, step: int, run_step: Callable[[in
     """``run_step(step)`` under `with_restarts`; adds the restart counts of every role (``rollout_restarts``,
     ``reward_restarts``, ``learner_restarts``)."""
     metrics = with_restarts(trainer, step, run_step, lambda: run_step(step))
-    metrics["rollout_restarts"] = float(trainer.rollout.restarts())
-    metrics["reward_restarts"] = float(trainer.reward.restarts())
-    metrics["learner_restarts"] = float(trainer.learner.restarts())
+    counted: dict[int, float] = {}  # per worker group: roles sharing one (reward.num_workers: 0) ask once
+    for name, role in (("rollout", trainer.rollout), ("reward", trainer.reward), ("learner", trainer.learner)):
+        group = id(getattr(role, "group", role))
+        if group not in counted:
+            counted[group] = float(role.restarts())
+        metrics[f"{name}_restarts"] = counted[group]
     return metrics
 
 
