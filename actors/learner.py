@@ -84,9 +84,20 @@ class LearnerWorker:
             plan.samples = sample_traces(trace, shards, rewards, plan, self._tokenizer())
         return plan
 
-    def samples(self, plan: StepPlan) -> StepSamples | None:
-        """The samples ``plan`` recorded (rank 0's own plan: Ray resolved the ref in this process's store)."""
-        return plan.samples
+    def samples(self, plan: StepPlan | None = None) -> StepSamples | None:
+        """The samples ``plan`` recorded (rank 0's own plan: Ray resolved the ref in this process's store); without
+        one, those of the last `plan_and_update`'s plan."""
+        plan = plan if plan is not None else self.last_plan
+        return None if plan is None else plan.samples
+
+    last_plan: StepPlan | None = None
+
+    def plan_and_update(self, shard_refs: list[ray.ObjectRef], reward_refs: list[ray.ObjectRef],
+                        keep_groups: list[int] | None, trace: TraceRequest | None = None) -> dict[str, float]:
+        """A group of one rank: `plan` and `update_planned` in one call (an actor call a step fewer, on the rank that
+        bounds the step); the plan stays here for `samples`."""
+        self.last_plan = self.plan(shard_refs, reward_refs, keep_groups, trace)
+        return self.update_planned(self.last_plan, shard_refs)
 
     def _tokenizer(self) -> Any:
         if self.tokenizer is None:

@@ -154,22 +154,28 @@ class PolicyLearnerGroup(LearnerGroupBase, PolicyLearnerRole):
     """Learner ranks of an online policy algorithm (`toolbox.actors.learner.LearnerWorker`)."""
 
     _plan: Pending[Any] | None = None  # the last update's plan (rank 0's), which holds its recorded samples
+    _updated = False
 
     def update(self, batches: Pending[RolloutBatch], rewards: Pending[RewardResult],
                keep_groups: list[int] | None = None, trace: TraceRequest | None = None) -> Pending[Metrics]:
         """Rank 0 plans the step once (group statistics, each rank's rows); every rank then fetches its own rows.
+        A group of one rank does both in one call.
 
         With ``trace``, rank 0's plan also records a few samples; `samples` hands them back.
         """
         args = (batches.handles, rewards.handles, keep_groups) + (() if trace is None else (trace,))
+        self._updated = True
+        if len(self.group) == 1:
+            self._plan = None  # kept by the rank (`LearnerWorker.plan_and_update`)
+            return self.group.submit("plan_and_update", [args])
         self._plan = self.group.submit("plan", [args], ranks=[0])
         return self.broadcast("update_planned", self._plan.handles[0], batches.handles)
 
     def samples(self) -> Pending[StepSamples | None]:
         """Rank 0 hands back the samples its last plan recorded (a small call, queued after its update)."""
-        if self._plan is None:
+        if not self._updated:
             raise RuntimeError("samples() before any update(): there is no plan to take them from")
-        return self.group.submit("samples", [(self._plan.handles[0],)], ranks=[0])
+        return self.group.submit("samples", [(() if self._plan is None else (self._plan.handles[0],))], ranks=[0])
 
 
 class OfflineLearnerGroup(LearnerGroupBase, OfflineLearnerRole):

@@ -136,13 +136,14 @@ class RecordingLearner(FakeLearner):
     def update_planned(self, plan: dict[str, Any], batches: list[dict[str, int]]) -> dict[str, float]:
         return super().update_planned({"shards": plan["shards"]}, batches)
 
-    def samples(self, plan: dict[str, Any]) -> StepSamples | None:
-        trace = plan["trace"]
+    def samples(self, plan: dict[str, Any] | None = None) -> StepSamples | None:
+        trace = (plan if plan is not None else self.last_plan or {}).get("trace")
         return None if trace is None else StepSamples(trace.step, [], {})
 
 
-def test_loop_records_every_n_steps_from_the_first(tmp_path: Path) -> None:
-    learners = [RecordingLearner(0), RecordingLearner(1)]
+@pytest.mark.parametrize("ranks", [1, 2])  # one rank plans and updates in one call, and keeps the plan
+def test_loop_records_every_n_steps_from_the_first(tmp_path: Path, ranks: int) -> None:
+    learners = [RecordingLearner(r) for r in range(ranks)]
     trainer, rec, _ = make_trainer(tmp_path, learners, total_steps=7, log_samples_every=3, log_samples=2)
     trainer.fit()
     recorded = [(p["step"], p["samples"].step) for e, p in rec.events if e is Event.SAMPLES]

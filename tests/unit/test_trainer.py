@@ -78,7 +78,7 @@ class FakeLearner:
         assert self.rank == 0 and [b["rows"] for b in batches] == [len(r) for r in rewards]
         return {"shards": len(batches)}
 
-    def samples(self, plan: dict[str, Any]) -> None:
+    def samples(self, plan: dict[str, Any] | None = None) -> None:
         """Records no samples (`test_samples.py` checks recording with a real plan)."""
         return None
 
@@ -88,6 +88,14 @@ class FakeLearner:
             raise RuntimeError("boom")
         self.updates += 1
         return {"reward": float(self.start + self.updates - 1 + self.rank), "loss": 1.0}
+
+    last_plan: dict[str, Any] | None = None
+
+    def plan_and_update(self, batches: list[dict[str, int]], rewards: list[RewardResult], keep: list[int] | None,
+                        trace: Any = None) -> dict[str, float]:
+        """A group of one rank: both in one call, as `LearnerWorker.plan_and_update`."""
+        self.last_plan = self.plan(batches, rewards, keep, trace)
+        return self.update_planned(self.last_plan, batches)
 
     def export_weights(self) -> list[Any]:
         return [f"weights-after-{self.updates}"] if self.rank == 0 else []
