@@ -45,6 +45,7 @@ class FakeServe:
     keys: list[str] = field(default_factory=list)  # the Authorization header of each completions request
     pushes: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
     info_gets: int = 0
+    busy: int = 0  # answer this many completions requests 429 (queue full) first
 
 
 def choice(index: int) -> dict[str, Any]:
@@ -82,6 +83,10 @@ def make_handler(state: FakeServe) -> type[BaseHTTPRequestHandler]:
                 loaded = len(load_safetensors(body)) + state.loaded_offset
                 return self._reply(200, {"loaded": loaded, "version": len(state.pushes)})
             request = json.loads(body)
+            if state.busy:
+                state.busy -= 1
+                return self._reply(429, {"error": {"message": "the server is busy", "type": "rate_limit_error",
+                                                   "param": None, "code": "queue_full"}})
             state.completions.append(request)
             state.keys.append(self.headers.get("Authorization", ""))
             self._reply(200, {"id": "cmpl-0", "object": "text_completion", "created": 0, "model": "tiny",
@@ -273,3 +278,15 @@ def test_training_asks_the_server_before_ray_starts(fake: tuple[FakeServe, str])
         http_mod.HTTPEngineConfig(base_url=url, allow_stale_weights=True).check_training(probe=True)
     state.info_status = 401  # a key the driver does not hold: cannot be told here, the rollout worker asks again
     assert config.training_problem(probe=True) == ""
+
+
+def test_a_busy_server_is_waited_out_then_named(fake: tuple[FakeServe, str], tok_dir: str) -> None:
+    """429s (a full queue) are sent again, however few retries the client makes, until rollout.engine.timeout_s."""
+    state, url = fake
+    state.busy = 5
+    batch = engine(tok_dir, url, max_concurrency=1).generate(GROUPS, SAMPLING)
+    assert len(batch) == 4 and state.busy == 0 and len(state.completions) == 2
+    state.busy = 10**9
+    with pytest.raises(RuntimeError, match=rf"rows \[.*\] \({url}\): the server answered 429 \(busy\) for 0.3s "
+                                           r"\(rollout.engine.timeout_s\).*lower rollout.engine.max_concurrency"):
+        engine(tok_dir, url, timeout_s=0.3).generate(GROUPS, SAMPLING)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +58,7 @@ from toolbox.rl.weights import WeightBucket, unpack_all
 log = logging.getLogger(__name__)
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's spelling of a token under return_tokens_as_token_ids
 PROBE_TIMEOUT_S = 10.0  # the info probe is tiny; do not wait the completion timeout for it
+BUSY_FIRST_PAUSE_S, BUSY_MAX_PAUSE_S = 0.05, 1.0  # between tries of a request a busy server refused (429)
 NO_KEY = "EMPTY"  # the placeholder key local servers accept: not a secret
 MASK = "**********"  # what a saved config shows in place of a real key
 
@@ -292,23 +294,36 @@ class HTTPEngine:
         if not sampling.stop_at_eos:
             extra["ignore_eos"] = True  # vLLM / SGLang extension; OpenAI itself has no such switch
         kwargs: dict[str, Any] = {"seed": seed} if seed is not None else {}
-        response = self.client.completions.create(
-            model=self.model,
-            prompt=list(request.ids),
-            max_tokens=sampling.max_new_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            n=n,
-            logprobs=1,
-            extra_body=extra or None,
-            **kwargs,
-        )
         where = f"http engine rows {rows} ({self.config.base_url})"
+        response = self._create(where, model=self.model, prompt=list(request.ids), max_tokens=sampling.max_new_tokens,
+                                temperature=sampling.temperature, top_p=sampling.top_p, n=n, logprobs=1,
+                                extra_body=extra or None, **kwargs)
         if len(response.choices) != n:
             raise RuntimeError(f"{where}: asked for n={n} completions, the server returned {len(response.choices)}")
         choices = sorted(response.choices, key=lambda c: c.index)
         return [self._sample(c, sampling, f"http engine row {row} ({self.config.base_url})")
                 for row, c in zip(rows, choices)]
+
+    def _create(self, where: str, **request: Any) -> Any:
+        """``completions.create``, waiting out a busy server: a 429 (its queue has no room for the request's choices:
+        other workers' requests fill it, whatever retries the client made) is sent again after a pause that doubles
+        up to BUSY_MAX_PAUSE_S, until ``timeout_s`` has passed since the first try; then the step fails, naming what
+        to change. Other errors are the client's (``max_retries``)."""
+        import openai
+
+        deadline = time.monotonic() + self.config.timeout_s
+        pause = BUSY_FIRST_PAUSE_S
+        while True:
+            try:
+                return self.client.completions.create(**request)
+            except openai.RateLimitError as err:
+                if time.monotonic() + pause > deadline:
+                    raise RuntimeError(
+                        f"{where}: the server answered 429 (busy) for {self.config.timeout_s:g}s "
+                        f"(rollout.engine.timeout_s): {err}; lower rollout.engine.max_concurrency or "
+                        "rollout.num_workers, or raise the server's max_queue") from err
+                time.sleep(pause)
+                pause = min(2 * pause, BUSY_MAX_PAUSE_S)
 
     def _sample(self, choice: Any, sampling: SamplingConfig, where: str) -> Sample:
         """One choice as a `Sample`; a missing or misaligned log-prob is an error naming ``where``."""
