@@ -28,6 +28,7 @@ from toolbox.core.errors import ConfigError
 from toolbox.core.events import EventBus
 from toolbox.data.offline import OfflineDataConfig
 from toolbox.data.tasks import TASKS
+from toolbox.local_ray import LOCAL_DEFAULTS, WORKER_ENV, actor_env, start_local
 from toolbox.models.tiny import ensure_tiny_model
 from toolbox.trainers.checkpoints import latest_checkpoint, resolve_resume
 
@@ -35,9 +36,6 @@ A = TypeVar("A", bound=AlgorithmConfig)
 log = logging.getLogger(__name__)
 SELF_HEALING_ROLES = ("rollout", "reward")  # their workers take a `supervisor` (toolbox.actors.supervisor)
 
-# Quiet worker processes: transformers' load/save bars would drown the run's own progress.
-WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false",
-              "OMP_NUM_THREADS": "1"}
 
 
 def make_run_dir(cfg: ExperimentConfig) -> Path:
@@ -368,13 +366,11 @@ def ray_init_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
     keep Ray from handing the worker processes it starts ahead to our actors.
     """
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS") or "local"
-    kwargs: dict[str, Any] = {"address": address}
     if address != "local":
-        kwargs["runtime_env"] = {"env_vars": WORKER_ENV}
-    else:
-        kwargs["include_dashboard"] = False
-        if cfg.ray.num_cpus:
-            kwargs["num_cpus"] = cfg.ray.num_cpus
+        return {"address": address, "runtime_env": {"env_vars": WORKER_ENV}}
+    kwargs = dict(LOCAL_DEFAULTS)
+    if cfg.ray.num_cpus:
+        kwargs["num_cpus"] = cfg.ray.num_cpus
     return kwargs
 
 
@@ -412,44 +408,6 @@ def connect_ray(cfg: ExperimentConfig, **overrides: Any) -> None:
     finally:
         if previous is None:
             os.environ.pop(GCS_ATTEMPTS_ENV, None)
-
-
-# What the workers of a local instance started by `start_local` inherit, by the instance's GCS address.
-_INHERITED: dict[str, dict[str, str]] = {}
-
-
-def start_local(kwargs: dict[str, Any]) -> None:
-    """``ray.init`` of a new local instance whose processes inherit `WORKER_ENV`: set in this process's environment
-    while the head processes start (the raylet passes its environment on to every worker), then restored.
-
-    Why not a runtime env: Ray starts a worker process per CPU ahead, with the raylet's environment, and hands
-    one to an actor only when their runtime envs match; actors without one (`actor_env` is empty here) take
-    them, instead of each waiting for a new process (tests/integration/test_local_start.py)."""
-    import ray
-
-    if "runtime_env" in kwargs:  # asked for explicitly: Ray's way, no inheritance
-        ray.init(**kwargs)
-        return
-    saved = {k: os.environ.get(k) for k in WORKER_ENV}
-    os.environ.update(WORKER_ENV)
-    try:
-        ray.init(**kwargs)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    _INHERITED[ray.get_runtime_context().gcs_address] = dict(WORKER_ENV)
-
-
-def actor_env() -> dict[str, str]:
-    """The env vars an actor must be given (its runtime env): those of `WORKER_ENV` its worker process does not
-    inherit already (all of them, unless this process started the local instance it is connected to)."""
-    import ray
-
-    inherited = _INHERITED.get(ray.get_runtime_context().gcs_address, {}) if ray.is_initialized() else {}
-    return {k: v for k, v in WORKER_ENV.items() if inherited.get(k) != v}
 
 
 def unreachable(address: str, timeout_s: float) -> str:

@@ -21,6 +21,7 @@ from rich.markup import escape
 from toolbox.callbacks.console import stderr_console
 from toolbox.callbacks.files import CurvePlot, wait_for_plots
 from toolbox.core.errors import ConfigError, WorkerError
+from toolbox.local_ray import EarlyRay, early_start_wanted
 from toolbox.startup import StartupClock
 from toolbox.watchdog import start as start_watchdog
 
@@ -32,7 +33,7 @@ def entry_point(argv: list[str] | None, help_text: str) -> tuple[Console, list[s
 
     The arguments are ``None`` when ``-h``/``--help`` asked for ``help_text`` (then printed).
     """
-    from toolbox.experiment import WORKER_ENV
+    from toolbox.local_ray import WORKER_ENV
 
     for key, value in WORKER_ENV.items():
         os.environ.setdefault(key, value)
@@ -45,52 +46,64 @@ def entry_point(argv: list[str] | None, help_text: str) -> tuple[Console, list[s
     return console, args
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Exit codes: 0 done, 1 a worker failed, 2 a bad config."""
+def main(argv: list[str] | None = None, early_ray: bool = False) -> int:
+    """Exit codes: 0 done, 1 a worker failed, 2 a bad config. ``early_ray`` (``python -m toolbox.run``): a local Ray
+    instance starts while the config loads, where nothing asks for another (`toolbox.local_ray.EarlyRay`)."""
     clock = StartupClock()  # from this process's launch (`toolbox.startup`)
     clock.mark("launch")
     console, args = entry_point(argv, (__doc__ or "") + "\nExperiments live in configs/experiments/; see "
                                 "docs/configuration.md for every field.")
     if args is None:
         return 0
+    early = EarlyRay() if early_ray and early_start_wanted(args) else None
     from toolbox.config import load_config
 
     dry = "--dry-run" in args
     try:
         cfg = load_config([a for a in args if a != "--dry-run"])
     except ConfigError as err:
-        console.print(f"[bold red]config error[/]: {escape(str(err))}")
-        return 2
+        return config_error(console, err, early)
     if dry:
         from toolbox.dry_run import print_dry_run
 
         return print_dry_run(cfg)
-    return run(cfg, console, clock)
+    return run(cfg, console, clock, early)
 
 
-def run(cfg, console: Console, clock: StartupClock | None = None) -> int:  # noqa: ANN001 - ExperimentConfig, lazily
-    """``clock``: marks the start-up phases (`toolbox.startup`); they are printed with the results."""
+def config_error(console: Console, err: ConfigError, early: EarlyRay | None = None) -> int:
+    """Say what is wrong (at once), then end the local instance started early, if any; returns 2."""
+    console.print(f"[bold red]config error[/]: {escape(str(err))}")
+    if early is not None:
+        early.abandon()
+    return 2
+
+
+def run(cfg, console: Console, clock: StartupClock | None = None,  # noqa: ANN001 - ExperimentConfig, lazily
+        early: EarlyRay | None = None) -> int:
+    """``clock``: marks the start-up phases (`toolbox.startup`); they are printed with the results. ``early``: the
+    local instance `main` started before the config was loaded, used if the config asks for that one."""
     import ray
 
     from toolbox import engines, rewards  # noqa: F401  (register built-ins)
-    from toolbox.experiment import ExperimentBuilder, connect_ray
+    from toolbox.experiment import ExperimentBuilder, connect_ray, ray_init_kwargs
 
     started = time.perf_counter()
     try:
         builder = ExperimentBuilder(cfg)
     except ConfigError as err:
-        console.print(f"[bold red]config error[/]: {escape(str(err))}")
-        return 2
+        return config_error(console, err, early)
     console.print(f"run directory: [bold]{builder.run_dir}[/]")
     builder.clock = clock
     builder.mark("config")
     started_ray = False
     stop, watchdog = SignalStop(), None  # SIGTERM/SIGINT unwind the run: Ray shut down, exit 128 + signal
-    if not cfg.ray.local_mode and not ray.is_initialized():
-        watchdog = start_watchdog()  # ends what a SIGKILL of this process would leave of a local instance
+    if not cfg.ray.local_mode and (early is not None or not ray.is_initialized()):
+        # The watchdog ends what a SIGKILL of this process would leave of a local instance.
+        watchdog = early.watchdog if early is not None else start_watchdog()
         warming = builder.warm_up()  # the driver's own loading, while Ray's processes start
         try:
-            connect_ray(cfg)  # bounded by ray.connect_timeout_s; no address: a new local instance
+            if early is None or not early.take(ray_init_kwargs(cfg)):
+                connect_ray(cfg)  # bounded by ray.connect_timeout_s; no address: a new local instance
         except ConfigError as err:
             console.print(f"[bold red]config error[/]: {escape(str(err))}")
             return stop.end(watchdog, 2)
@@ -120,6 +133,8 @@ def run(cfg, console: Console, clock: StartupClock | None = None) -> int:  # noq
     finally:
         if started_ray:
             ray.shutdown()
+        if early is not None:
+            early.close()
         wait_for_plots()
         CurvePlot.background = False
         stop.end(watchdog, 0)
@@ -193,4 +208,4 @@ def leave(code: int) -> None:
 
 
 if __name__ == "__main__":
-    leave(main())
+    leave(main(early_ray=True))

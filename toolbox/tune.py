@@ -45,7 +45,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from toolbox.config.loader import CONFIG_DIR, experiment_path, load_config, merge, parse_overrides
+from toolbox.config.loader import load_config, merge, parse_overrides
+from toolbox.config.paths import CONFIG_DIR, experiment_path
 from toolbox.config.schema import ExperimentConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.registry import format_validation_error

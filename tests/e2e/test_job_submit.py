@@ -20,11 +20,14 @@ from tests.e2e.ray_nodes import BIN, free_port, start_node, stop_nodes
 pytestmark = pytest.mark.e2e
 
 
-def test_cli_rejects_bad_config_before_starting_anything(tmp_path: Path) -> None:
+def test_cli_rejects_bad_config_before_the_run_starts(tmp_path: Path) -> None:
+    """No run directory, exit 2, the field named; the local instance started while the config loaded
+    (`toolbox.local_ray.EarlyRay`) is shut down without a word."""
     out = subprocess.run([sys.executable, "-m", "toolbox.run", "learner.num_workers=3", f"trainer.run_root={tmp_path}"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "learner.num_workers=3" in out.stderr and "do not split" in out.stderr
+    assert "Started a local Ray instance" not in out.stderr
     assert not list(tmp_path.iterdir()), "a bad config must fail before the run directory is made"
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validat
 
 from toolbox.callbacks import CALLBACKS
 from toolbox.config.algorithm import DEFAULT_ALGORITHM, AlgorithmConfig
+from toolbox.config.paths import DEFAULT_EXPERIMENT
 from toolbox.core.errors import ConfigError
 from toolbox.core.registry import Spec, SpecOf
 from toolbox.data.check import check_data
@@ -177,7 +178,7 @@ class ExperimentConfig(BaseModel):
     """A whole experiment. ``experiment`` names the YAML it came from."""
 
     model_config = ConfigDict(extra="forbid")
-    experiment: str = Field("grpo_tiny", description="Name of the experiment YAML under configs/experiments/.")
+    experiment: str = Field(DEFAULT_EXPERIMENT, description="Name of the experiment YAML under configs/experiments/.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
     task: Annotated[SerializeAsAny[Spec], TASK] = Field(
         default_factory=TASK.make_default, description="Prompt task: `name` selects it (default digit_add), the rest "

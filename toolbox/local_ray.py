@@ -1,0 +1,160 @@
+"""The local Ray instance a run starts for itself: its workers' environment, its start, and its early start.
+
+`start_local` starts a new local instance whose processes inherit `WORKER_ENV`. `EarlyRay` starts one before the
+driver has loaded its config (`python -m toolbox.run` only): ``ray.init`` of a local instance takes about 4 s on 2
+cores (GCS, raylet, agents) and the config load before it 1.5-2 s (the schema imports torch), during which the
+second core idles. It starts only where nothing can ask for another cluster (`early_start_wanted`: no ``ray.*``
+override, no RAY_ADDRESS, no ``ray:`` section in the experiment file or the files it is based on, not a dry run);
+the run then compares the ``ray.init`` arguments its resolved config asks for with the ones used, and shuts the
+early instance down to start its own where they differ. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+from typing import Any
+
+import yaml
+
+from toolbox.config.paths import DEFAULT_EXPERIMENT, experiment_path
+
+# Quiet worker processes: transformers' load/save bars would drown the run's own progress.
+WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false",
+              "OMP_NUM_THREADS": "1"}
+LOCAL_DEFAULTS: dict[str, Any] = {"address": "local", "include_dashboard": False}  # `ray_init_kwargs`, no ray: section
+
+
+# What the workers of a local instance started by `start_local` inherit, by the instance's GCS address.
+_INHERITED: dict[str, dict[str, str]] = {}
+
+
+def start_local(kwargs: dict[str, Any]) -> None:
+    """``ray.init`` of a new local instance whose processes inherit `WORKER_ENV`: set in this process's environment
+    while the head processes start (the raylet passes its environment on to every worker), then restored.
+
+    Why not a runtime env: Ray starts a worker process per CPU ahead, with the raylet's environment, and hands
+    one to an actor only when their runtime envs match; actors without one (`actor_env` is empty here) take
+    them, instead of each waiting for a new process (tests/integration/test_local_start.py)."""
+    import ray
+
+    if "runtime_env" in kwargs:  # asked for explicitly: Ray's way, no inheritance
+        ray.init(**kwargs)
+        return
+    saved = {k: os.environ.get(k) for k in WORKER_ENV}
+    os.environ.update(WORKER_ENV)
+    try:
+        ray.init(**kwargs)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    _INHERITED[ray.get_runtime_context().gcs_address] = dict(WORKER_ENV)
+
+
+def actor_env() -> dict[str, str]:
+    """The env vars an actor must be given (its runtime env): those of `WORKER_ENV` its worker process does not
+    inherit already (all of them, unless this process started the local instance it is connected to)."""
+    import ray
+
+    inherited = _INHERITED.get(ray.get_runtime_context().gcs_address, {}) if ray.is_initialized() else {}
+    return {k: v for k, v in WORKER_ENV.items() if inherited.get(k) != v}
+
+
+def early_start_wanted(args: list[str]) -> bool:
+    """Whether a run of ``args`` (``python -m toolbox.run`` arguments) starts a local instance with `LOCAL_DEFAULTS`
+    as far as can be told without loading its config: nothing on the command line, in the environment or in the
+    experiment's YAML files (its ``base:`` chain) names a cluster or sets a ``ray`` field, and it is not a dry run.
+    A file that cannot be read says no (the config load reports it)."""
+    if os.environ.get("RAY_ADDRESS") or any(a.startswith("ray.") or a in {"--dry-run", "-h", "--help"} for a in args):
+        return False
+    name = next((a.partition("=")[2] for a in args if a.startswith("experiment=")), DEFAULT_EXPERIMENT)
+    seen: set[str] = set()
+    try:
+        while name and name not in seen:
+            seen.add(name)
+            data = yaml.safe_load(experiment_path(name).read_text()) or {}
+            if not isinstance(data, dict) or "ray" in data:
+                return False
+            name = str(data.get("base") or "")
+    except Exception:  # noqa: BLE001 - any doubt: no early start, and load_config says what is wrong
+        return False
+    return True
+
+
+class EarlyRay:
+    """A local instance with `LOCAL_DEFAULTS` starting in a thread from construction (its watchdog first: what a
+    SIGKILL of the driver would leave of it is ended, `toolbox.watchdog`).
+
+    The thread lives until `close`: Ray starts the head processes with ``PR_SET_PDEATHSIG``, which Linux fires when
+    the *thread* that started them ends, not the process."""
+
+    def __init__(self) -> None:
+        from toolbox.watchdog import start as start_watchdog
+
+        self.watchdog: subprocess.Popen[bytes] | None = start_watchdog()
+        self.error: BaseException | None = None
+        self.started, self.released = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._start, name="toolbox-early-ray", daemon=True)
+        self.thread.start()
+
+    def _start(self) -> None:
+        quiet = _NotMainThreadWarning()
+        ray_log = logging.getLogger("ray._private.worker")
+        ray_log.addFilter(quiet)
+        try:
+            start_local(dict(LOCAL_DEFAULTS))
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread by `take`
+            self.error = err
+        finally:
+            ray_log.removeFilter(quiet)
+            self.started.set()
+        self.released.wait()
+
+    def take(self, kwargs: dict[str, Any]) -> bool:
+        """Once started: ``True`` when ``kwargs`` (the resolved config's ``ray.init`` arguments) ask for this very
+        instance; ``False`` when they ask for another (it is shut down: start that one). Its start's error, if any,
+        is raised here."""
+        import ray
+
+        self.started.wait()
+        if self.error is not None:
+            raise self.error
+        if kwargs == LOCAL_DEFAULTS:
+            return True
+        ray.shutdown()
+        self.close()
+        return False
+
+    def close(self) -> None:
+        """Once the instance is shut down: the thread that started it may end."""
+        self.released.set()
+
+    def abandon(self) -> None:
+        """The run will not start (a bad config, already reported): the instance shut down once started, without
+        Ray's line announcing it, and the watchdog ended."""
+        import ray
+
+        announce = logging.getLogger("ray._private.worker")
+        level = announce.level
+        announce.setLevel(logging.WARNING)
+        self.started.wait()
+        announce.setLevel(level)
+        if ray.is_initialized():
+            ray.shutdown()
+        self.close()
+        if self.watchdog is not None:
+            self.watchdog.kill()
+            self.watchdog.wait()
+
+
+class _NotMainThreadWarning(logging.Filter):
+    """Drops Ray's warning that a ``ray.init`` outside the main thread sets no SIGTERM handler: the run sets its own
+    (`toolbox.run.SignalStop`) once the instance is up."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "current thread is not the main thread" not in record.getMessage()
