@@ -98,8 +98,10 @@ def test_grpo_through_our_server_syncs_every_step_and_learns(
         ray_session: None, served: str, model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The rollout actors read the token from their environment; the config names only the variable.
     monkeypatch.setitem(WORKER_ENV, TOKEN_ENV, TOKEN)
+    # A checkpoint after every step keeps the next step's calls from going out before this step's end
+    # (`OnlineTrainer._submits_next`): at each step's end the server holds exactly that step's weights.
     cfg = load_config(["experiment=grpo_tiny_fsdp2", f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0",
-                       f"model.path={model_dir}", "model.tiny=null",
+                       "trainer.save_every=1", f"model.path={model_dir}", "model.tiny=null",
                        f"rollout.engine={{name: http, base_url: '{served}', max_retries: 0, max_concurrency: 128}}",
                        "rollout.num_workers=1", "reward.num_workers=1", "learner.num_workers=1",
                        "learner.strategy=single", f"trainer.total_steps={STEPS}"])
