@@ -55,6 +55,16 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture
 def served(model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """``python -m toolbox.serve`` on ``model_dir``, weight updates on; yields its base URL (.../v1)."""
+    yield from serve(model_dir, tmp_path, monkeypatch, "max_batch_size=128", "log_level=warning")
+
+
+@pytest.fixture
+def busy(model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The same with room for 32 waiting choices (a block of the default run sends 256) and its access log on."""
+    yield from serve(model_dir, tmp_path, monkeypatch, "max_batch_size=32", "max_queue=32", "log_level=info")
+
+
+def serve(model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *options: str) -> Iterator[str]:
     for var in NO_PROXY:
         monkeypatch.delenv(var, raising=False)
     port = free_port()
@@ -63,7 +73,7 @@ def served(model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> I
     with log_path.open("wb") as log:
         proc = subprocess.Popen(  # noqa: S603 - our own module, fixed arguments
             [sys.executable, "-m", "toolbox.serve", f"model={model_dir}", "engine=hf", "host=127.0.0.1",
-             f"port={port}", "max_batch_size=128", "log_level=warning"], env=env, stdout=log, stderr=subprocess.STDOUT)
+             f"port={port}", *options], env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + 120
@@ -146,3 +156,21 @@ def test_grpo_through_our_server_syncs_every_step_and_learns(
     rewards = [m["reward"] for m in trainer.history]
     early, late = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert late > early + 0.025, f"reward did not rise as in the hf-engine run: {early:.3f} -> {late:.3f}"
+
+
+def test_the_default_run_waits_out_a_full_server_queue(ray_session: None, busy: str, model_dir: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default layout (blocks of 2 steps, 128 requests in flight) against a server with room for 32 choices:
+    the server answers 429, the engine sends those requests again, and the run completes."""
+    monkeypatch.setitem(WORKER_ENV, TOKEN_ENV, TOKEN)
+    cfg = load_config([f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0", "trainer.total_steps=4",
+                       f"model.path={model_dir}", "model.tiny=null",
+                       f"rollout.engine={{name: http, base_url: '{busy}', max_retries: 0, max_concurrency: 128}}"])
+    builder = ExperimentBuilder(cfg)
+    try:
+        summary = builder.build_trainer().fit()
+    finally:
+        builder.shutdown()
+    assert summary["steps"] == 4
+    refused = (tmp_path / "serve.log").read_text().count(" 429 ")
+    assert refused > 0, "the server never refused: the test did not exercise a full queue"
