@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,12 +17,15 @@ from toolbox.rl.batch import PromptRequest, RolloutBatch
 from .resolve import node_info, resolve
 from .supervisor import recover, remember
 
+if TYPE_CHECKING:
+    from .reward import RewardWorker
+
 
 class RolloutWorker:
     """Generates rollouts and loads new weights; the driver only ever holds refs to its batches."""
 
     def __init__(self, rank: int, build: Callable[[int], Any], torch_threads: int = 1,
-                 supervisor: str | None = None, scorer: Callable[[], Any] | None = None) -> None:
+                 supervisor: str | None = None, scorer: Callable[[], RewardWorker] | None = None) -> None:
         """``supervisor`` (the name of a restartable group's `Supervisor`): after a restart by Ray, the weights
         this rank had loaded are loaded again before any retried call runs. ``scorer`` (``reward.num_workers: 0``)
         builds the reward that scores this worker's batches in its own process (a `RewardWorker` object)."""
@@ -65,8 +68,7 @@ class RolloutWorker:
         if self.scorer is None:
             raise RuntimeError(f"rollout worker {self.rank} holds no reward (reward.num_workers > 0: the reward "
                                "workers score)")
-        result: RewardResult = self.scorer.score(batch)
-        return result
+        return self.scorer.score(batch)
 
     def update_weights(self, bucket_refs: list[Any]) -> float:
         """Load the exported buckets; returns the seconds it took."""

@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 SELF_HEALING_ROLES = ("rollout", "reward")  # their workers take a `supervisor` (toolbox.actors.supervisor)
 
 
-
 def make_run_dir(cfg: ExperimentConfig) -> Path:
     """``run_root/run_name``; a resumed run without a name continues in the directory it resumes from."""
     resume = Path(cfg.trainer.resume_from) if cfg.trainer.resume_from else None

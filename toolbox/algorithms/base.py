@@ -65,7 +65,9 @@ def policy_roles(builder: ExperimentBuilder, learner_cls: type, algo: AlgorithmC
     # created first take the worker processes Ray started ahead (one per CPU); the others wait for new ones.
     learner = PolicyLearnerGroup(builder.learner_group(
         partial(learner_cls, path, c.model.dtype, c.learner, algo, c.trainer.total_steps), wait=False))
-    reward_kwargs = (lambda r: dict(rank=r, spec=c.reward.spec, run=c.reward.run, model_path=path))  # noqa: E731
+    def reward_kwargs(r: int) -> dict[str, Any]:
+        return dict(rank=r, spec=c.reward.spec, run=c.reward.run, model_path=path)
+
     hosted = c.reward.num_workers == 0  # the rollout workers score their own batches
     rollout_group = builder.group(
         "rollout", RolloutWorker, c.rollout.num_workers,

@@ -61,15 +61,23 @@ class BaseTrainer(ABC):
         return summary
 
     def maybe_evaluate(self) -> None:
-        every = self.cfg.eval_every
-        if every and (self.step % every == 0 or self.step == self.cfg.total_steps):
+        if self.evaluates_after(self.step):
             self.bus.emit(Event.EVAL_END, {"step": self.step, "metrics": self.evaluate()})
 
     def maybe_save(self, final: bool = False) -> None:
-        every = self.cfg.save_every
-        if final or self.step == self.cfg.total_steps or (every and self.step % every == 0):
+        if final or self.saves_after(self.step):
             self.last_checkpoint = self.save(self.step)
             self.bus.emit(Event.CHECKPOINT_SAVED, {"step": self.step, "path": self.last_checkpoint})
+
+    def evaluates_after(self, done: int) -> bool:
+        """Whether the loop evaluates once ``done`` steps are done (every ``trainer.eval_every``, and at the end)."""
+        every = self.cfg.eval_every
+        return bool(every) and (done % every == 0 or done == self.cfg.total_steps)
+
+    def saves_after(self, done: int) -> bool:
+        """Whether the loop checkpoints once ``done`` steps are done (every ``trainer.save_every``, and at the end)."""
+        every = self.cfg.save_every
+        return done == self.cfg.total_steps or bool(every and done % every == 0)
 
     def summarize(self, wall_s: float) -> dict[str, Any]:
         """Reward over the first and last 10% of this run's steps, and wall time."""

@@ -171,9 +171,9 @@ class OnlineTrainer(BaseTrainer):
         evaluation, a checkpoint, the end of the run, a plugin's early stop), nor with DAPO's dynamic sampling (its
         rounds look at rewards first). The workers run the calls in the same order either way: the numbers do not
         change, only the driver's reporting overlaps the learner's next update."""
-        nxt, cfg = step + 1, self.cfg
-        return (self.dynamic is None and nxt < cfg.total_steps and nxt not in self.submitted
-                and not any(every and nxt % every == 0 for every in (cfg.eval_every, cfg.save_every))
+        nxt = step + 1
+        return (self.dynamic is None and nxt < self.cfg.total_steps and nxt not in self.submitted
+                and not self.evaluates_after(nxt) and not self.saves_after(nxt)
                 and type(self).should_stop is BaseTrainer.should_stop)
 
     def trace_request(self, step: int) -> TraceRequest | None:
@@ -235,8 +235,7 @@ class OnlineTrainer(BaseTrainer):
         a block sample nothing, so g - 1 of every g syncs are skipped; the last step's always happens (the workers
         end with the final policy), as does one before an evaluation or a DAPO step's extra rounds."""
         nxt = step + 1
-        every = self.cfg.eval_every
-        return (self.dynamic is not None or nxt >= self.cfg.total_steps or bool(every and nxt % every == 0)
+        return (self.dynamic is not None or nxt >= self.cfg.total_steps or self.evaluates_after(nxt)
                 or nxt not in self.ahead or bool(self._blocks_ahead(nxt)))
 
     def _rollouts(self, step: int, first: Round) -> tuple[Pending[RolloutBatch], Pending[RewardResult],
