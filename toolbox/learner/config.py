@@ -74,6 +74,14 @@ class LearnerConfig(BaseModel):
         "a micro-batch whose packed rows would not save 20% of the padded slots runs padded (longer rows cost "
         "more attention). The pad_frac metric shows the padding left. Same numbers up to float rounding.",
     )
+    share_prompts: bool = Field(
+        True,
+        description="With packing: the rows of a micro-batch that share a prompt (a GRPO group's samples) hold it once, "
+        "each response placed after that one copy and attending to it and to its own earlier tokens only (a 4-D "
+        "attention mask), so the prompt's forward and backward run once per group instead of once per sample. Same "
+        "numbers up to float rounding (checked at start). sdpa and eager attention without a sliding window; with "
+        "another (flash, flex) each sequence keeps its own copy.",
+    )
     cpus_per_worker: float = Field(0.5, gt=0, description="Ray CPUs reserved per learner rank (logical; torch_threads sets real use).")
     gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs reserved per learner rank.")
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads per rank.")

@@ -45,7 +45,7 @@ class GRPOLearner:
         self.cfg, self.algo = cfg, algo
         self.policy = PolicyRank.pretrained(model_path, dtype, cfg, total_steps * algo.ppo_epochs * algo.mini_batches,
                                             frozen_reference=algo.kl_coef > 0)
-        self.forwards = RowForwards.of(self.policy, cfg.packing, algo.temperature)
+        self.forwards = RowForwards.of(self.policy, cfg.packing, algo.temperature, cfg.share_prompts)
 
     def plan(self, shards: list[RolloutBatch], results: list[RewardResult],
              keep_groups: list[int] | None = None) -> GRPOPlan:

@@ -65,7 +65,7 @@ class PPOLearner:
         self.critic = self.policy.attach("critic", wrap(load_value_model(model_path, dtype).train(), cfg.strategy,
                                                          Placement.of(cfg)),
                                          cfg.optim.model_copy(update={"lr": algo.critic_lr}), steps)
-        self.forwards = RowForwards.of(self.policy, cfg.packing, algo.temperature)
+        self.forwards = RowForwards.of(self.policy, cfg.packing, algo.temperature, cfg.share_prompts)
 
     def plan(self, shards: list[RolloutBatch], results: list[RewardResult],
              keep_groups: list[int] | None = None) -> PPOPlan:
