@@ -14,7 +14,7 @@ each response token see the prompt and its own earlier tokens only. The prompt's
 sample would compute for itself (same tokens, positions and causal context), and its gradient is the sum of the
 samples' — the padded numbers again, with the prompt's forward and backward run once per group: the default
 experiment's 128 rows of 5 prompt and 1-4 response tokens take ~400 slots instead of ~1,100 (its learner's CPU a
-step 27 -> 22 ms). This is what the Prefix Grouper paper (Liu et al., 2025) does for GRPO; written here because
+step 27 -> 22 ms). The shared-prefix idea of "Prefix Grouper" (2025) for GRPO; written by hand because
 transformers only takes the mask, and the layout is `pack_rows`' own.
 
 Not covered: a response whose mask has holes (packing keeps a row's first ``mask.sum()`` response
