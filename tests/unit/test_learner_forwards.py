@@ -170,6 +170,7 @@ def test_packing_leaves_a_batch_with_little_padding_padded(tiny_model_dir: Path)
     real = int(batch.prompt_mask_BP.sum() + batch.response_mask_BR.sum())
     assert (packed.real, packed.slots) == (padded.real, padded.slots) == (real, ROWS * 13)
     batch.response_mask_BR[:, 2:] = 0  # now most of the padded layout is padding: packed
+    packed.reset()  # the next update (within one, the rows are not changed and their layout is remembered)
     packed.logprobs(model, batch)
     assert packed.slots - ROWS * 13 < (ROWS * 13) * 0.8
 
@@ -206,6 +207,22 @@ def test_grpo_runs_no_wasted_forward(tiny_model_dir: Path, minis: int, kl: float
     online_step(learner, [_batch()], [_rewards()])
     assert calls[0] == policy_forwards
     assert ref_calls is None or ref_calls[0] == 4
+
+
+def test_a_micro_batch_is_packed_once_per_update(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a KL term the reference's forward and the training pass read the same micro-batches: each is laid out
+    once (the check at start packs once more)."""
+    import toolbox.learner.packed as packed_module
+
+    calls = []
+    real_pack = packed_module.pack_rows
+    monkeypatch.setattr(packed_module, "pack_rows", lambda *a, **k: calls.append(1) or real_pack(*a, **k))
+    learner = _grpo(tiny_model_dir, packing=True, micro=4, kl_coef=0.1)
+    calls.clear()
+    online_step(learner, [_batch(shared=True)], [_rewards()])
+    assert len(calls) == ROWS // 4
+    online_step(learner, [_batch(seed=1, shared=True)], [_rewards()])
+    assert len(calls) == 2 * ROWS // 4  # a new update lays its rows out anew
 
 
 def test_ppo_takes_old_logprobs_from_the_training_pass_with_one_epoch(tiny_model_dir: Path) -> None:

@@ -236,6 +236,7 @@ class RowForwards:
         self.packing, self.temperature, self.pad_id = packing, temperature, pad_id
         self.share_prompts, self.mask_dtype = packing and share_prompts, mask_dtype
         self.real = self.slots = 0
+        self._layouts: dict[tuple, tuple[list[torch.Tensor], PackedRows | None]] = {}
 
     @classmethod
     def of(cls, policy: PolicyRank, packing: bool, temperature: float, share_prompts: bool = False) -> RowForwards:
@@ -261,7 +262,9 @@ class RowForwards:
         return forwards
 
     def reset(self) -> None:
+        """Start an update: counts from zero, no layout remembered (within an update, rows are not changed in place)."""
         self.real = self.slots = 0
+        self._layouts.clear()
 
     def metrics(self) -> dict[str, float]:
         """``pad_frac``: the share of the forwards' input slots (every rank's, since `reset`) that were padding."""
@@ -289,7 +292,23 @@ class RowForwards:
 
     def _pack(self, rows: RolloutBatch) -> PackedRows | None:
         """``rows`` packed, where packing is on and saves enough (`PACK_BELOW`); else None (run them padded). Counts
-        the slots of the layout chosen."""
+        the slots of the layout chosen. A micro-batch's layout is made once per update (`reset`) and reused by its
+        next forwards (the reference's, then the training pass's): the rows are views of the same tensors, known by
+        their memory, which the remembered entry keeps alive so that no other tensor can take its place."""
+        tensors = [rows.prompt_ids_BP, rows.prompt_mask_BP, rows.response_ids_BR, rows.response_mask_BR]
+        key = tuple((t.data_ptr(), t.shape, t.stride()) for t in tensors)
+        if key not in self._layouts:
+            self._layouts[key] = (tensors, self._layout(rows))
+        packed = self._layouts[key][1]
+        if packed is None:
+            self.real += int(rows.prompt_mask_BP.sum() + rows.response_mask_BR.sum())
+            self.slots += rows.prompt_ids_BP.numel() + rows.response_ids_BR.numel()
+        else:
+            self.real += int((packed.inputs.doc_ids_BT > 0).sum())
+            self.slots += packed.inputs.input_ids_BT.numel()
+        return packed
+
+    def _layout(self, rows: RolloutBatch) -> PackedRows | None:
         real = int(rows.prompt_mask_BP.sum() + rows.response_mask_BR.sum())
         padded = rows.prompt_ids_BP.numel() + rows.response_ids_BR.numel()
         # Packed rows hold at least the real tokens: a batch with little padding is not worth packing, unless its
@@ -297,10 +316,7 @@ class RowForwards:
         worth = self.share_prompts or real < PACK_BELOW * padded
         packed = pack_rows(rows, self.pad_id, share_prompts=self.share_prompts) if self.packing and worth else None
         if packed is None or packed.inputs.input_ids_BT.numel() >= PACK_BELOW * padded:
-            self.real, self.slots = self.real + real, self.slots + padded
             return None
-        self.real += int((packed.inputs.doc_ids_BT > 0).sum())
-        self.slots += packed.inputs.input_ids_BT.numel()
         return packed
 
 
