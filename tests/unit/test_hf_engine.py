@@ -268,6 +268,38 @@ def test_both_forwards_sample_the_same_tokens(eos_engine: HFEngine) -> None:
     torch.testing.assert_close(out[0].logprobs_BR, out[1].logprobs_BR, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("forward", ["auto", "transformers"])
+def test_samples_of_one_prompt_share_its_prefill(eos_engine: HFEngine, forward: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each prompt 3 times, interleaved: the prefill runs once per distinct prompt and its cache rows are copied; the
+    tokens and log-probs are the ones of a prefill over every row."""
+    import toolbox.engines.decode as decode_module
+
+    prefills: list[int] = []
+    real_forward_for = decode_module.forward_for
+
+    def counting(*args: object) -> object:
+        fwd = real_forward_for(*args)  # type: ignore[arg-type]
+        prefill = fwd.prefill
+        fwd.prefill = lambda ids, *rest: prefills.append(len(ids)) or prefill(ids, *rest)  # type: ignore[method-assign]
+        return fwd
+
+    monkeypatch.setattr(decode_module, "forward_for", counting)
+    eos_engine.config = eos_engine.config.model_copy(update={"forward": forward})
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0)
+    reqs = [r for _ in range(3) for r in requests(eos_engine, 1)]
+    try:
+        shared = generate_with(eos_engine, "lean", reqs, sampling, seed=5)[0]
+        monkeypatch.setattr(decode_module, "distinct_prompts",
+                            lambda ids, mask: (torch.arange(len(ids)), torch.arange(len(ids))))
+        alone = generate_with(eos_engine, "lean", reqs, sampling, seed=5)[0]
+    finally:
+        eos_engine.config = eos_engine.config.model_copy(update={"forward": "auto"})
+    assert prefills == [len(PROMPTS), 3 * len(PROMPTS)]
+    assert torch.equal(shared.response_ids_BR, alone.response_ids_BR)
+    torch.testing.assert_close(shared.logprobs_BR, alone.logprobs_BR, atol=1e-5, rtol=0)
+
+
 def test_models_the_own_forward_does_not_take(tiny_model_dir: Path) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 

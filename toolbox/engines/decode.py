@@ -77,27 +77,46 @@ def decode(model: PreTrainedModel, prompt_ids_BP: torch.Tensor, prompt_mask_BP: 
     A row finishes at its first ``eos`` (when given) or after ``max_new_tokens`` tokens; the loop ends when
     every row has finished, so the response width is the longest response. ``drop_finished`` removes a
     finished row from the batch and the cache; off, it keeps decoding padding (``bench decode`` compares).
-    ``forward`` (`forward_for`): 'auto' or 'transformers'.
+    ``forward`` (`forward_for`): 'auto' or 'transformers'. Rows with the same prompt (a GRPO group's samples)
+    share its prefill: it runs once per distinct prompt and the cache rows are copied (the default experiment's
+    256 rows of 32 prompts: the rollout worker's CPU a step 13.4 -> 10 ms).
     """
     # inference_mode: ~10% less CPU than no_grad on issue 11's small model; the clones are ordinary tensors again.
-    fwd = forward_for(model, forward, prompt_ids_BP.shape[0], prompt_ids_BP.shape[1] + max_new_tokens)
+    first_U, prompt_B = distinct_prompts(prompt_ids_BP, prompt_mask_BP)
+    fwd = forward_for(model, forward, len(first_U), prompt_ids_BP.shape[1] + max_new_tokens)
     with torch.inference_mode():
         tokens_BR, logprobs_BR = _decode(fwd, prompt_ids_BP, prompt_mask_BP, max_new_tokens, temperature, top_p,
-                                         eos, pad, drop_finished)
+                                         eos, pad, drop_finished, (first_U, prompt_B))
     return tokens_BR.clone(), logprobs_BR.clone()
+
+
+def distinct_prompts(prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first row of each distinct prompt ``[U]``, and each row's prompt as an index into those ``[B]``."""
+    _, prompt_B = torch.unique(torch.where(prompt_mask_BP.bool(), prompt_ids_BP, -1), dim=0, return_inverse=True)
+    rows = torch.arange(len(prompt_B), device=prompt_B.device)
+    first_U = torch.full((int(prompt_B.max()) + 1 if len(rows) else 0,), len(rows), device=prompt_B.device)
+    return first_U.scatter_reduce(0, prompt_B, rows, reduce="amin"), prompt_B
 
 
 def _decode(fwd: TransformersForward | LlamaDecoder, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor,
             max_new_tokens: int, temperature: float, top_p: float, eos: int | None, pad: int,
-            drop_finished: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """`decode`'s loop: prefill, then per step sample, record, drop (or mask) finished rows, forward the rest."""
+            drop_finished: bool, prompts: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`decode`'s loop: prefill, then per step sample, record, drop (or mask) finished rows, forward the rest.
+
+    ``prompts`` (`distinct_prompts`): the prefill runs over each distinct prompt once (``fwd`` holds that many
+    rows); where rows share one (a GRPO group's samples), its cache rows and last logits are then copied to each."""
     b, p = prompt_ids_BP.shape
     device = prompt_ids_BP.device
     keys_BL = torch.zeros((b, p + max_new_tokens), dtype=torch.bool, device=device)
     keys_BL[:, :p] = prompt_mask_BP.bool()
     # Positions count real tokens only (left padding), as generate() and the learner count them.
     pos_BP = (prompt_mask_BP.cumsum(-1) - 1).clamp(min=0)
-    logits_BV = fwd.prefill(prompt_ids_BP, prompt_mask_BP, pos_BP)
+    first_U, prompt_B = prompts
+    if len(first_U) == b:  # no two rows alike
+        logits_BV = fwd.prefill(prompt_ids_BP, prompt_mask_BP, pos_BP)
+    else:
+        logits_BV = fwd.prefill(prompt_ids_BP[first_U], prompt_mask_BP[first_U], pos_BP[first_U])[prompt_B]
+        fwd.keep(prompt_B)
     pos_B = pos_BP[:, -1] + 1
     tokens_BR = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=device)
     logprobs_BR = torch.zeros((b, max_new_tokens), dtype=torch.float32, device=device)
