@@ -24,6 +24,7 @@ tokens, so it refuses one), and attention that ignores restarted positions (`che
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -106,6 +107,11 @@ ROW_TOKENS = 256
 # GRPO update, CPU time, packed / padded): responses of 64 tokens (padded layout 4% padding) 1.11, of 32-64 (14%) 1.02,
 # of 16-64 (40%) 0.77, of 1-64 (54%) 0.52.
 PACK_BELOW = 0.8
+# Rows of shared-prompt units (`pack_rows`) are about this many units long (at least the longest unit, at most
+# `ROW_TOKENS`): a unit is already many sequences long, and a row's attention costs L x L. Measured on 2 CPU cores (one
+# GRPO update of the default experiment's 16 prompts x 8 samples, units of 15-37 tokens, learner CPU): 1 / 1.5 / 2 /
+# 3 units and rows of 256 tokens 15.5 / 11.7-12.2 / 11.9-12.0 / 12.1-12.4 / 13.4-13.9 ms.
+SHARED_ROW_UNITS = 2.0
 
 
 def pack_rows(batch: RolloutBatch, pad_id: int = 0, row_length: int | None = None,
@@ -120,12 +126,14 @@ def pack_rows(batch: RolloutBatch, pad_id: int = 0, row_length: int | None = Non
     ``share_prompts``: rows with the same prompt tokens (a GRPO group) are laid out as one *unit*, the prompt once
     and then each row's response, every response at the positions that follow the prompt; `PackedRows.allowed`
     then says which token sees which (a response its prompt and its own earlier tokens, never a sibling). A unit
-    holds as many of the rows as fit in ``row_length``; the rest start another unit. Where no two rows share a
+    holds as many of the rows as fit in ``row_length``; the rest start another unit. Without a ``row_length``,
+    rows of units are `SHARED_ROW_UNITS` units long. Where no two rows share a
     prompt the layout is the plain one (``allowed`` None: the restarted positions carry the boundaries).
     """
     prompt_B, response_B = sequence_lengths(batch)
     keep_B = response_B > 0
     lengths_B = (prompt_B + response_B) * keep_B
+    given = row_length
     row_length = max(max(lengths_B.tolist(), default=1), row_length or ROW_TOKENS, 1)
     units = _units(batch, prompt_B, response_B, keep_B, row_length) if share_prompts else None
     if units is None or all(len(u) == 1 for u in units):
@@ -136,6 +144,8 @@ def pack_rows(batch: RolloutBatch, pad_id: int = 0, row_length: int | None = Non
     # (packed row, where the row's prompt starts, where its response starts, unit number in the packed row) of each
     # batch row; a shared prompt's copy is the one of its unit's first row.
     where = [(0, 0, 0, 0)] * len(batch)
+    if share_prompts and given is None:
+        row_length = min(row_length, max(max(unit_lengths), math.ceil(SHARED_ROW_UNITS * sum(unit_lengths) / len(units))))
     for row, items in enumerate(_placement(unit_lengths, row_length)):
         at = 0
         for d, i in enumerate(items, start=1):
