@@ -22,6 +22,7 @@ from toolbox.callbacks.console import stderr_console
 from toolbox.callbacks.files import CurvePlot, wait_for_plots
 from toolbox.core.errors import ConfigError, WorkerError
 from toolbox.local_ray import EarlyRay, early_start_wanted
+from toolbox.local_ray import shutdown as shutdown_ray
 from toolbox.startup import StartupClock
 from toolbox.watchdog import start as start_watchdog
 
@@ -132,7 +133,7 @@ def run(cfg, console: Console, clock: StartupClock | None = None,  # noqa: ANN00
         return stop.report(console, builder.run_dir)
     finally:
         if started_ray:
-            ray.shutdown()
+            shutdown_ray()
         if early is not None:
             early.close()
         wait_for_plots()

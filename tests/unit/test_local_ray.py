@@ -36,3 +36,30 @@ def test_a_ray_section_anywhere_in_the_base_chain_does_not(tmp_path: Path) -> No
     (tmp_path / "plain.yaml").write_text("base: grpo_tiny\n")
     assert not early_start_wanted([f"experiment={tmp_path / 'mid.yaml'}"])
     assert early_start_wanted([f"experiment={tmp_path / 'plain.yaml'}"])
+
+
+def test_shutdown_ends_the_autoscaler_monitor_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child running Ray's monitor script (here one that ignores SIGTERM, as the real one blocks in its handler)
+    is killed before ``ray.shutdown``; another child is left alone."""
+    import subprocess
+    import sys
+
+    import ray
+
+    from toolbox.local_ray import MONITOR_SCRIPT, shutdown
+
+    script = tmp_path / MONITOR_SCRIPT
+    script.parent.mkdir(parents=True)
+    script.write_text("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n")
+    other = tmp_path / "other.py"
+    other.write_text("import time\ntime.sleep(60)\n")
+    monitor, bystander = (subprocess.Popen([sys.executable, str(path)]) for path in (script, other))
+    seen = []
+    monkeypatch.setattr(ray, "shutdown", lambda: seen.append(monitor.poll()))
+    try:
+        shutdown()
+        assert monitor.wait(timeout=10) == -9 and seen and bystander.poll() is None
+    finally:
+        for proc in (monitor, bystander):
+            proc.kill()
+            proc.wait()
