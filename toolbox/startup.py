@@ -28,6 +28,7 @@ split of ``actors`` between Ray's process start and each role's own constructor 
 from __future__ import annotations
 
 import json
+import os
 import logging
 import time
 from pathlib import Path
@@ -57,12 +58,16 @@ def tree_cpu_s() -> float:
 
 
 def launch_time() -> float:
-    """When this process was created (seconds since the epoch), from the OS; now, where it cannot tell."""
+    """When this process was created (seconds since the epoch), to the clock tick: its start in ticks since boot
+    (``/proc/self/stat``) against the seconds since boot (``/proc/uptime``). Not psutil's ``create_time``: that adds
+    the ticks to the boot time ``/proc/stat`` gives in whole seconds, up to a second early (the launch phase read
+    1.0-1.1 s for a 0.2 s launch). Without ``/proc``: now."""
     try:
-        import psutil  # a dependency of ray[default]
-
-        return float(psutil.Process().create_time())
-    except (ImportError, OSError):
+        stat = Path("/proc/self/stat").read_text()
+        started_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted after the command's ")"
+        since_boot = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (since_boot - started_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return time.time()
 
 

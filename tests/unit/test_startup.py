@@ -19,6 +19,17 @@ def test_launch_time_is_this_process_start() -> None:
     assert launch_time() < time.time() - 0.2
 
 
+def test_launch_time_is_when_the_parent_started_the_process() -> None:
+    """To the clock tick (10 ms; 0.1 s allowed for a busy machine), not to the second as psutil's create_time."""
+    import subprocess
+    import sys
+
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", "from toolbox.startup import launch_time; print(repr(launch_time()))"],
+                         capture_output=True, text=True, check=True).stdout
+    assert before - 0.1 < float(out) < before + 0.1 + (time.time() - before) / 2
+
+
 def test_phases_add_up_to_the_total_and_repeat_phases_accumulate() -> None:
     clock = StartupClock(launched=time.time() - 2.0)
     clock.mark("launch")
