@@ -28,8 +28,8 @@ split of ``actors`` between Ray's process start and each role's own constructor 
 from __future__ import annotations
 
 import json
-import os
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
