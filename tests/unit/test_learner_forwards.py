@@ -196,6 +196,22 @@ def test_balanced_shares_deal_equal_rows_and_about_equal_tokens() -> None:
         balanced_shares(batch, 3)
 
 
+def test_shared_prompts_deal_whole_groups_to_ranks() -> None:
+    """Each group's rows on one rank (their prompt shared there), equal row counts, token sums (a prompt counted
+    once per group) within one group's weight; uneven groups fall back to dealing rows."""
+    batch = _batch(rows=16, shared=True)
+    shares = balanced_shares(batch, 2, by_group=True)
+    assert [len(s) for s in shares] == [8, 8] and sorted(torch.cat(shares).tolist()) == list(range(16))
+    groups = [set(batch.group_B[s].tolist()) for s in shares]
+    assert not groups[0] & groups[1], "a group was split across ranks"
+    weight = lambda rows: int(batch.prompt_mask_BP[rows[::2]].sum() + batch.response_mask_BR[rows].sum())  # noqa: E731
+    heaviest = max(weight(torch.tensor([2 * g, 2 * g + 1])) for g in range(8))
+    assert abs(weight(shares[0]) - weight(shares[1])) <= heaviest
+    batch.group_B[0] = 7  # groups of 1, 2 and 3 rows: dealt by rows
+    assert [torch.equal(a, b) for a, b in zip(balanced_shares(batch, 2, by_group=True), balanced_shares(batch, 2),
+                                                strict=True)] == [True, True]
+
+
 @pytest.mark.parametrize("minis, kl, policy_forwards", [(1, 0.0, 4), (2, 0.0, 4 + 4), (1, 0.1, 4)])
 def test_grpo_runs_no_wasted_forward(tiny_model_dir: Path, minis: int, kl: float, policy_forwards: int) -> None:
     """8 rows in micro-batches of 2: one training forward per micro-batch; the old log-probs' no-grad pass only

@@ -330,18 +330,39 @@ class RowForwards:
         return packed
 
 
-def balanced_shares(batch: RolloutBatch, world: int) -> list[torch.Tensor]:
+def balanced_shares(batch: RolloutBatch, world: int, by_group: bool = False) -> list[torch.Tensor]:
     """Rows ``0..B-1`` of ``batch`` dealt to ``world`` ranks in equal numbers with about equal token sums: longest first,
     in snake order (0, 1, .., w-1, w-1, .., 0), each share ascending. Equal row counts keep every rank's number of
-    forwards the same (FSDP's collectives must line up)."""
-    lengths_B, n = batch.prompt_mask_BP.sum(1) + batch.response_mask_BR.sum(1), len(batch)
+    forwards the same (FSDP's collectives must line up).
+
+    ``by_group`` (shared prompts): whole groups (``group_B``) are dealt, weighed by their prompt once and their
+    responses, so that a group's samples share one prompt copy on one rank; where the groups are not all of one
+    size or do not split evenly over the ranks, rows are dealt as without it."""
+    n = len(batch)
     if n % world:
         raise ValueError(f"a step of {n} rows does not split evenly over {world} learner ranks; make "
                          "algorithm.prompts_per_step a multiple of learner.num_workers")
-    order = torch.sort(lengths_B, descending=True, stable=True).indices
-    lap = torch.arange(n) % (2 * world)
-    owner = torch.where(lap < world, lap, 2 * world - 1 - lap)
-    return [order[owner == r].sort().values for r in range(world)]
+    if world == 1:
+        return [torch.arange(n)]
+    if by_group:
+        groups, group_B, sizes = torch.unique(batch.group_B, return_inverse=True, return_counts=True)
+        if len(groups) % world == 0 and bool((sizes == sizes[0]).all()):
+            first_G = torch.full((len(groups),), n).scatter_reduce(0, group_B, torch.arange(n), reduce="amin")
+            weight_G = batch.prompt_mask_BP[first_G].sum(1) + torch.zeros(len(groups), dtype=torch.long).index_add(
+                0, group_B, batch.response_mask_BR.sum(1))
+            owner_G = _snake(weight_G, world)
+            return [(owner_G[group_B] == r).nonzero().flatten() for r in range(world)]
+    owner = _snake(batch.prompt_mask_BP.sum(1) + batch.response_mask_BR.sum(1), world)
+    return [(owner == r).nonzero().flatten() for r in range(world)]
+
+
+def _snake(weights: torch.Tensor, world: int) -> torch.Tensor:
+    """The rank each item goes to: heaviest first, dealt in snake order (0, 1, .., w-1, w-1, .., 0)."""
+    order = torch.sort(weights, descending=True, stable=True).indices
+    lap = torch.arange(len(weights)) % (2 * world)
+    owner = torch.empty(len(weights), dtype=torch.long)
+    owner[order] = torch.where(lap < world, lap, 2 * world - 1 - lap)
+    return owner
 
 
 def shared_prompts_unsupported(model: nn.Module) -> str | None:

@@ -56,7 +56,8 @@ class GRPOLearner:
         step = read_step(shards, results, keep_groups)
         adv_B, valid_B = self._advantages(step)
         step.metrics["adv_abs"] = float(adv_B.abs().mean())
-        cuts = balanced_shares(step.batch, world()) if self.cfg.packing else step.shares(world())
+        cuts = (balanced_shares(step.batch, world(), self.forwards.share_prompts) if self.cfg.packing
+                else step.shares(world()))
         return GRPOPlan(**step.plan_fields(shards, cuts), advantages=[adv_B[c] for c in cuts],
                         valid=[valid_B[c] for c in cuts])
 

@@ -73,7 +73,8 @@ class PPOLearner:
         if keep_groups is not None:
             raise ValueError("the ppo learner trains on every sampled row; keep_groups must be None")
         step = read_step(shards, results, None)
-        cuts = balanced_shares(step.batch, world()) if self.cfg.packing else step.shares(world())
+        cuts = (balanced_shares(step.batch, world(), self.forwards.share_prompts) if self.cfg.packing
+                else step.shares(world()))
         return PPOPlan(**step.plan_fields(shards, cuts), scores=[step.rewards.values_B[c] for c in cuts],
                        ok=[step.rewards.ok_B[c] for c in cuts])
 
