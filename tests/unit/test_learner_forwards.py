@@ -294,10 +294,10 @@ def test_two_packed_ranks_dealt_by_tokens_make_the_one_rank_update(tiny_model_di
         torch.testing.assert_close(two[name], value, atol=1e-5, rtol=0)
 
 
-def test_learner_step_bench_times_both_sides(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_learner_step_bench_times_every_side(monkeypatch: pytest.MonkeyPatch) -> None:
     from toolbox.bench import learner_step
 
     monkeypatch.setitem(learner_step.CASES, "nano", learner_step.Case((16, 1, 2, 1, 32), 16, 4, 2, (2, 4), (1, 6), 4, 0.0))
     got = learner_step.measure("nano", rounds=1, steps=1)
-    assert got["padded_s"] > 0 and got["packed_s"] > 0
+    assert got["padded_s"] > 0 and got["packed_s"] > 0 and got["shared_s"] > 0
     assert got["pad_frac_packed"] < got["pad_frac_padded"]

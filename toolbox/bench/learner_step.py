@@ -1,14 +1,15 @@
-"""One GRPO learner step with and without packing (``learner.packing``), on one rank, no Ray.
+"""One GRPO learner step padded, packed (``learner.packing``) and packed with shared prompts (``learner.share_prompts``),
+on one rank, no Ray.
 
 ``python -m toolbox.bench learner_step [--models small,medium,grpo_tiny] [--rounds 3] [--steps 2]``
 
 Each model is a random Qwen2 saved to a temporary directory and loaded by the real
 `GRPOLearner` (strategy ``single``, one torch thread, fp32). The rows are what a GRPO step hands a
 rank: ``small`` / ``medium`` (issue 11's sizes) 8 rows of a 8-16 token prompt and a 1-64 token
-response (2 prompts x 4 samples, KL off); ``grpo_tiny`` one rank's half of the default experiment
-(64 rows of 4-5 token prompts and 1-4 token responses, micro-batches of 32, KL on). The two sides
-alternate within each round on the same rows; the table gives each side's best step time, the
-padding fraction and padded / packed, in wall time and in this process's CPU time (steadier on a shared
+response (2 prompts x 4 samples, KL off); ``grpo_tiny`` the default experiment's step (16 prompts of 4-5 tokens x 8
+samples of 1-4 tokens, one micro-batch of 128, KL on). A group's samples share their prompt, as GRPO's do. The three
+sides take turns within each round on the same rows; the table gives each side's best step time and padding
+fraction, and the speed-ups over padded rows, in wall time and in this process's CPU time (steadier on a shared
 machine: one torch thread).
 
 Not measured here: FSDP2's collectives (the same for both sides), generation, weight sync.
@@ -47,7 +48,7 @@ class Case:
 CASES = {
     "small": Case((256, 4, 4, 2, 1024), 512, 8, 4, (8, 16), (1, 64), 8, 0.0),
     "medium": Case((512, 8, 8, 4, 1536), 512, 8, 4, (8, 16), (1, 64), 8, 0.0),
-    "grpo_tiny": Case((64, 2, 4, 2, 256), 20, 64, 8, (4, 5), (1, 4), 32, 0.05),
+    "grpo_tiny": Case((64, 2, 4, 2, 256), 20, 128, 8, (4, 5), (1, 4), 128, 0.05),
 }
 
 
@@ -63,51 +64,56 @@ def save_model(case: Case, path: str) -> None:
 
 
 def step_rows(case: Case, seed: int) -> tuple[RolloutBatch, RewardResult]:
-    """Left-padded prompts and right-padded responses of random lengths, rewards alternating 1 / 0."""
+    """A GRPO step's rows: each group's samples share a left-padded prompt of random length, responses of random
+    lengths (right-padded); rewards alternating 1 / 0."""
     gen = torch.Generator().manual_seed(seed)
     (p_lo, p_hi), (r_lo, r_hi), b = case.prompt, case.response, case.rows
-    p = torch.randint(p_lo, p_hi + 1, (b,), generator=gen)
+    p = torch.randint(p_lo, p_hi + 1, (b // case.group,), generator=gen).repeat_interleave(case.group)
     r = torch.randint(r_lo, r_hi + 1, (b,), generator=gen)
     pm, rm = (torch.arange(p_hi) >= p_hi - p[:, None]).long(), (torch.arange(r_hi) < r[:, None]).long()
-    batch = RolloutBatch(torch.randint(1, case.vocab, (b, p_hi), generator=gen) * pm, pm,
+    prompts = torch.randint(1, case.vocab, (b // case.group, p_hi), generator=gen).repeat_interleave(case.group, 0)
+    batch = RolloutBatch(prompts * pm, pm,
                          torch.randint(1, case.vocab, (b, r_hi), generator=gen) * rm, rm, torch.zeros(b, r_hi),
                          torch.arange(b) // case.group, torch.zeros(b, dtype=torch.long))
     values = (torch.arange(b) % 2).float()
     return batch, RewardResult(values, torch.zeros(b, dtype=torch.long), [""] * b)
 
 
-def make_learner(case: Case, path: str, packing: bool) -> Any:
+SIDES = {"padded": (False, False), "packed": (True, False), "shared": (True, True)}  # (packing, share_prompts)
+
+
+def make_learner(case: Case, path: str, packing: bool, share_prompts: bool) -> Any:
     from toolbox.algorithms.grpo.config import GRPOConfig
     from toolbox.algorithms.grpo.learner import GRPOLearner
     from toolbox.learner.config import LearnerConfig
 
     cfg = LearnerConfig(num_workers=1, strategy="single", device="cpu", micro_batch_size=case.micro_batch,
-                        packing=packing, optim={"lr": 1e-4, "scheduler": "constant"})
+                        packing=packing, share_prompts=share_prompts, optim={"lr": 1e-4, "scheduler": "constant"})
     algo = GRPOConfig(prompts_per_step=case.rows // case.group, group_size=case.group, kl_coef=case.kl_coef)
     return GRPOLearner(path, "float32", cfg, algo, total_steps=1000)
 
 
 def measure(name: str, rounds: int, steps: int) -> dict[str, float]:
-    """Best step seconds of each side over ``rounds`` x ``steps`` alternating steps, and the padding fractions."""
+    """Best step seconds (wall and CPU) of each side (`SIDES`) over ``rounds`` x ``steps`` steps, the sides taking
+    turns within each round on the same rows, and their padding fractions."""
     case = CASES[name]
     with tempfile.TemporaryDirectory() as path:
         save_model(case, path)
-        learners = {packing: make_learner(case, path, packing) for packing in (False, True)}
+        learners = {side: make_learner(case, path, *flags) for side, flags in SIDES.items()}
     batch, rewards = step_rows(case, seed=0)
-    wall = {False: float("inf"), True: float("inf")}
-    cpu, pad = dict(wall), {False: 0.0, True: 0.0}
+    out: dict[str, float] = {}
+    for side in SIDES:
+        out[f"{side}_s"] = out[f"{side}_cpu_s"] = float("inf")
     for _ in range(rounds):
-        for packing, learner in learners.items():
+        for side, learner in learners.items():
             for _ in range(steps):
                 plan = learner.plan([batch], [rewards])
                 t0, c0 = time.perf_counter(), time.process_time()
                 metrics = learner.update(plan, {0: batch})
-                wall[packing] = min(wall[packing], time.perf_counter() - t0)
-                cpu[packing] = min(cpu[packing], time.process_time() - c0)
-                pad[packing] = metrics["pad_frac"]
-    return {"padded_s": wall[False], "packed_s": wall[True], "padded_cpu_s": cpu[False], "packed_cpu_s": cpu[True],
-            "pad_frac_padded": pad[False], "pad_frac_packed": pad[True], "speedup": wall[False] / wall[True],
-            "cpu_speedup": cpu[False] / cpu[True]}
+                out[f"{side}_s"] = min(out[f"{side}_s"], time.perf_counter() - t0)
+                out[f"{side}_cpu_s"] = min(out[f"{side}_cpu_s"], time.process_time() - c0)
+                out[f"pad_frac_{side}"] = metrics["pad_frac"]
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -123,13 +129,13 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     rows = {name: measure(name, args.rounds, args.steps) for name in args.models.split(",")}
     table = Table(title=f"GRPO learner step, one rank, 1 thread (load average {os.getloadavg()[0]:.1f})")
-    for col in ("model", "padded s", "packed s", "padded / packed", "CPU s padded", "CPU s packed", "CPU padded / packed",
-                "pad frac padded", "pad frac packed"):
+    for col in ("model", *(f"{side} s" for side in SIDES), "padded / packed", "padded / shared",
+                *(f"CPU s {side}" for side in SIDES), "CPU padded / shared", *(f"pad frac {side}" for side in SIDES)):
         table.add_column(col, justify="right")
     for name, r in rows.items():
-        table.add_row(name, f"{r['padded_s']:.3f}", f"{r['packed_s']:.3f}", f"{r['speedup']:.2f}x",
-                      f"{r['padded_cpu_s']:.3f}", f"{r['packed_cpu_s']:.3f}", f"{r['cpu_speedup']:.2f}x",
-                      f"{r['pad_frac_padded']:.2f}", f"{r['pad_frac_packed']:.2f}")
+        table.add_row(name, *(f"{r[f'{side}_s']:.4f}" for side in SIDES), f"{r['padded_s'] / r['packed_s']:.2f}x",
+                      f"{r['padded_s'] / r['shared_s']:.2f}x", *(f"{r[f'{side}_cpu_s']:.4f}" for side in SIDES),
+                      f"{r['padded_cpu_s'] / r['shared_cpu_s']:.2f}x", *(f"{r[f'pad_frac_{side}']:.2f}" for side in SIDES))
     Console().print(table)
     if args.out:
         with open(args.out, "w") as f:
