@@ -141,19 +141,9 @@ def pack_rows(batch: RolloutBatch, pad_id: int = 0, row_length: int | None = Non
         share_prompts = False
     prompts, responses = prompt_B.tolist(), response_B.tolist()
     unit_lengths = [prompts[u[0]] + sum(responses[b] for b in u) for u in units]
-    # (packed row, where the row's prompt starts, where its response starts, unit number in the packed row) of each
-    # batch row; a shared prompt's copy is the one of its unit's first row.
-    where = [(0, 0, 0, 0)] * len(batch)
     if share_prompts and given is None:
         row_length = min(row_length, max(max(unit_lengths), math.ceil(SHARED_ROW_UNITS * sum(unit_lengths) / len(units))))
-    for row, items in enumerate(_placement(unit_lengths, row_length)):
-        at = 0
-        for d, i in enumerate(items, start=1):
-            start = at + prompts[units[i][0]]
-            for b in units[i]:
-                where[b] = (row, at, start, d)
-                start += responses[b]
-            at += unit_lengths[i]
+    where = _slots(units, unit_lengths, prompts, responses, row_length, len(batch))
     row_B, prompt_at_B, response_at_B, doc_B = torch.tensor(where, dtype=torch.long).reshape(-1, 4).unbind(1)
     first_B = torch.zeros(len(batch), dtype=torch.bool)
     first_B[[u[0] for u in units]] = True
@@ -186,6 +176,23 @@ def pack_rows(batch: RolloutBatch, pad_id: int = 0, row_length: int | None = Non
     at_N = torch.where(rj_N > 0, response_at_B[rb_N] + rj_N - 1, prompt_at_B[rb_N] + prompt_B[rb_N] - 1)
     return PackedRows(inputs, (row_B[rb_N], at_N), (rb_N, rj_N), batch.response_ids_BR[rb_N, rj_N],
                       (len(batch), int(batch.response_ids_BR.shape[1])), allowed)
+
+
+def _slots(units: list[list[int]], unit_lengths: list[int], prompts: list[int], responses: list[int],
+           row_length: int, rows: int) -> list[tuple[int, int, int, int]]:
+    """Each batch row's (packed row, where its prompt starts, where its response starts, unit number in the packed
+    row), the units placed into rows of ``row_length`` (`_placement`); a shared prompt's copy is the one of its
+    unit's first row. A row left out of every unit keeps ``(0, 0, 0, 0)``."""
+    where = [(0, 0, 0, 0)] * rows
+    for row, items in enumerate(_placement(unit_lengths, row_length)):
+        at = 0
+        for d, i in enumerate(items, start=1):
+            start = at + prompts[units[i][0]]
+            for b in units[i]:
+                where[b] = (row, at, start, d)
+                start += responses[b]
+            at += unit_lengths[i]
+    return where
 
 
 def _units(batch: RolloutBatch, prompt_B: torch.Tensor, response_B: torch.Tensor, keep_B: torch.Tensor,
