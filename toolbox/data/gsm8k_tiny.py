@@ -96,7 +96,8 @@ def render(problems: list[WordProblem]) -> str:
     return "".join(json.dumps(p.row()) + "\n" for p in problems)
 
 
-def splits(seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, str]:
+def splits(seed: int = 0, sizes: dict[str, int] | None = None,
+           draw_one: Callable[[random.Random], WordProblem] = draw) -> dict[str, str]:
     """The JSONL text of each split. One generator over all splits, so no row is in two of them."""
     rng = random.Random(seed)
     out: dict[str, str] = {}
@@ -104,7 +105,7 @@ def splits(seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, str]
     for split, size in (sizes or SPLITS).items():
         rows: list[WordProblem] = []
         while len(rows) < size:
-            problem = draw(rng)
+            problem = draw_one(rng)
             if problem.question not in seen:  # a held-out question never repeats a training one
                 seen.add(problem.question)
                 rows.append(problem)
@@ -112,27 +113,40 @@ def splits(seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, str]
     return out
 
 
-def write(out_dir: Path, seed: int = 0, sizes: dict[str, int] | None = None) -> list[Path]:
-    """Write ``out_dir/{split}.jsonl`` for every split; return the paths."""
+def write_splits(draw_one: Callable[[random.Random], WordProblem], out_dir: Path, seed: int,
+                 sizes: dict[str, int]) -> list[Path]:
+    """Write ``out_dir/{split}.jsonl`` for every split of problems drawn by ``draw_one``; return the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for split, text in splits(seed, sizes).items():
+    for split, text in splits(seed, sizes, draw_one).items():
         path = out_dir / f"{split}.jsonl"
         path.write_text(text, encoding="utf-8")
         paths.append(path)
     return paths
 
 
+def write(out_dir: Path, seed: int = 0, sizes: dict[str, int] | None = None) -> list[Path]:
+    """Write ``out_dir/{split}.jsonl`` for every split; return the paths."""
+    return write_splits(draw, out_dir, seed, sizes or SPLITS)
+
+
+def cli(doc: str | None, write_fn: Callable[[Path, int, dict[str, int]], list[Path]], default_dir: Path,
+        sizes: dict[str, int], argv: list[str] | None) -> None:
+    """The ``--out --seed --train --test`` command line of a generator module; prints the files written."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("--out", type=Path, default=default_dir, help="directory of {train,test}.jsonl")
+    parser.add_argument("--seed", type=int, default=0, help="same seed, same files")
+    parser.add_argument("--train", type=int, default=sizes["train"], help="rows in train.jsonl")
+    parser.add_argument("--test", type=int, default=sizes["test"], help="rows in test.jsonl")
+    args = parser.parse_args(argv)
+    chosen = {split: getattr(args, split) for split in sizes}  # in the order of ``sizes``: the draw order
+    for path in write_fn(args.out, args.seed, chosen):
+        print(path)  # the CLI's output: the files written
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m toolbox.data.gsm8k_tiny [--out DIR] [--seed N] [--train N] [--test N]``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--out", type=Path, default=DEFAULT_DIR, help="directory of {train,test}.jsonl")
-    parser.add_argument("--seed", type=int, default=0, help="same seed, same files")
-    parser.add_argument("--train", type=int, default=SPLITS["train"], help="rows in train.jsonl")
-    parser.add_argument("--test", type=int, default=SPLITS["test"], help="rows in test.jsonl")
-    args = parser.parse_args(argv)
-    for path in write(args.out, args.seed, {"train": args.train, "test": args.test}):
-        print(path)  # the CLI's output: the files written
+    cli(__doc__, write, DEFAULT_DIR, SPLITS, argv)
 
 
 if __name__ == "__main__":
