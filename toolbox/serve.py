@@ -1,14 +1,14 @@
-"""``toolbox serve model=DIR_OR_RUN [engine=hf|vllm|sglang] [engine.OPTION=VALUE ...] [host=127.0.0.1] [port=8000]``.
+"""``toolbox serve [model=]DIR_OR_RUN [engine=hf|vllm|sglang] [engine.OPTION=VALUE ...] [host=127.0.0.1] [port=8000]``.
 
 An OpenAI-compatible server (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``) of a model
-directory or a run's exported ``RUN/hf``. ``engine=hf`` (default) runs the continuous batcher
-(`toolbox.serving.scheduler`); any other registered engine is driven through its ``InferenceEngine`` with
-dynamic batching (`toolbox.serving.engine_backend`), its options given as ``engine.OPTION=VALUE`` (a JSON
-value, else a string: ``engine.gpu_memory_utilization=0.8``). Every other option is a field of
-`toolbox.serving.config.ServeConfig`. Binds 127.0.0.1 unless told; any other address needs an API
-key in the env var named by ``api_key_env`` (default TOOLBOX_SERVE_API_KEY), which clients send as a bearer
-token. ``POST /v1/toolbox/weights`` loads new weights and is enabled only when the env var named by
-``admin_token_env`` (default TOOLBOX_SERVE_ADMIN_TOKEN) is set. See docs/serving.md.
+directory, a run's exported ``RUN/hf`` or a fetched catalog model (``model=smollm2-135m-instruct``).
+``engine=hf`` (default) runs the continuous batcher (`toolbox.serving.scheduler`); any other registered
+engine is driven through its ``InferenceEngine`` with dynamic batching (`toolbox.serving.engine_backend`), its
+options given as ``engine.OPTION=VALUE`` (a JSON value, else a string: ``engine.gpu_memory_utilization=0.8``).
+Every other option is a field of `toolbox.serving.config.ServeConfig`. Binds 127.0.0.1 unless told; any
+other address needs an API key in the env var named by ``api_key_env`` (default TOOLBOX_SERVE_API_KEY), which
+clients send as a bearer token. ``POST /v1/toolbox/weights`` loads new weights and is enabled only when the
+env var named by ``admin_token_env`` (default TOOLBOX_SERVE_ADMIN_TOKEN) is set. See docs/serving.md.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from toolbox.core.errors import ConfigError
 from toolbox.serving.config import ServeConfig
 
 if TYPE_CHECKING:
@@ -36,9 +37,11 @@ def _option_value(value: str) -> Any:
 
 def parse_args(argv: list[str]) -> ServeConfig:
     """``key=value`` arguments as a `ServeConfig` (``engine.X=V`` into ``engine_options``); `ValueError` naming
-    the bad argument or field."""
+    the bad argument or field. A first argument without ``=`` is the model (``toolbox serve RUN_DIR``)."""
     fields: dict[str, Any] = {}
     engine_options: dict[str, Any] = {}
+    if argv and "=" not in argv[0]:
+        argv = [f"model={argv[0]}", *argv[1:]]
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep or not key:
@@ -54,6 +57,17 @@ def parse_args(argv: list[str]) -> ServeConfig:
     except ValidationError as err:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
         raise ValueError(problems) from err
+
+
+def resolve_catalog_model(config: ServeConfig) -> ServeConfig:
+    """``model=NAME`` of the model catalog as its fetched directory, still served under the id NAME; any other
+    ``model`` unchanged. `ConfigError` naming ``model`` and the fetch command when NAME is not fetched yet."""
+    from toolbox.models.catalog import resolve
+
+    path = resolve(config.model, field="model")
+    if path == config.model:
+        return config
+    return config.model_copy(update={"model": path, "served_model_name": config.served_model_name or config.model})
 
 
 def secrets_for(config: ServeConfig) -> tuple[str | None, str | None]:
@@ -83,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     try:
-        config = parse_args(args)
+        config = resolve_catalog_model(parse_args(args))
         api_key, admin_token = secrets_for(config)
-    except ValueError as err:
+    except (ValueError, ConfigError) as err:
         print(f"toolbox serve: {err}", file=sys.stderr)
         return 2
     import uvicorn

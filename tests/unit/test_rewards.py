@@ -43,6 +43,18 @@ def test_math_first_and_last() -> None:
     assert loose(sample("7.4")) == 1.0 and loose(sample("7.6")) == 0.0
 
 
+def test_math_reads_a_gsm8k_reference_after_its_marker_and_takes_no_expression_for_an_answer() -> None:
+    last = REWARDS.build({"name": "math", "which": "last"})
+    reference = "12 - 9 = 3\n#### 3"
+    assert last(sample("12 - 9 = 3", answer=reference)) == 1.0
+    assert last(sample("#### 3", answer=reference)) == 1.0
+    assert last(sample("12 - 9", answer=reference)) == 0.0  # the question restated is not its answer
+    assert last(sample("12 - 9 = 4", answer=reference)) == 0.0
+    unmarked = REWARDS.build({"name": "math", "which": "last", "marker": None})
+    with pytest.raises(ValueError):  # without the marker the whole solution is the reference: not a number
+        unmarked(sample("3", answer=reference))
+
+
 def test_math_option_errors_name_the_path() -> None:
     with pytest.raises(ConfigError, match=r"reward\.spec\.which.*'first' or 'last'"):
         REWARDS.validate({"name": "math", "which": "middle"}, "reward.spec")

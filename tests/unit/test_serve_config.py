@@ -37,3 +37,9 @@ def test_a_public_bind_needs_an_api_key(monkeypatch: pytest.MonkeyPatch) -> None
         secrets_for(parse_args(["model=/m", "host=0.0.0.0"]))
     monkeypatch.setenv("TOOLBOX_SERVE_API_KEY", "k")
     assert secrets_for(parse_args(["model=/m", "host=0.0.0.0"]))[0] == "k"
+
+
+def test_a_bare_first_argument_is_the_model() -> None:
+    assert parse_args(["runs/r1", "port=9001"]).model == "runs/r1"
+    with pytest.raises(ValueError, match="argument 'runs/r2' is not key=value"):
+        parse_args(["model=/m", "runs/r2"])  # only the first may be bare

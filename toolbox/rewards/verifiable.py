@@ -45,6 +45,9 @@ class MathConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     which: Literal["first", "last"] = Field("first", description="Which number in the response is the answer.")
     tolerance: float = Field(1e-6, ge=0, description="Absolute tolerance of the numeric comparison.")
+    marker: str | None = Field("####", description="Final-answer marker of the reference (GSM8K's `12 - 9 = 3\\n#### 3`): "
+                               "a reference holding it is read after its last one. The response is not cut: its "
+                               "first or last number is its answer, so an expression (`12 - 9`) is not an answer.")
 
 
 @REWARDS.register("math", config=MathConfig)
@@ -55,6 +58,8 @@ def math_answer(config: MathConfig) -> Reward:
         answer = _answer(sample)
         if answer is None:
             return None
+        if config.marker and config.marker in answer:
+            answer = answer.rsplit(config.marker, 1)[1]
         numbers = _NUMBER.findall(sample.response)
         if not numbers:
             return 0.0

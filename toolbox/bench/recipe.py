@@ -1,0 +1,89 @@
+"""``python -m toolbox.bench recipe EXPERIMENT [overrides ...] [--base-eval]``: one recipe, end to end, measured.
+
+Runs ``toolbox run experiment=EXPERIMENT`` as a child process and reports what a user of the recipe asks first:
+the wall time from launch to exit (training, periodic evaluation and export included), the peak memory of all
+its processes together (driver, Ray's daemons, actors: PSS, so a shared page counts once; `toolbox.bench._memory`),
+and the run directory. Then ``toolbox eval`` scores the exported model (``RUN_DIR/hf``) and, with ``--base-eval``,
+the untrained base with the same prompts, sampling and reward, and the table puts them side by side.
+
+Not a comparison with another framework (``bench grpo --vs trl`` is): it measures toolbox's own recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from toolbox.bench._memory import PeakTreeMemory
+
+RUN_DIR = re.compile(r"^results: (\S+)", re.MULTILINE)
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="toolbox bench recipe", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("experiment", help="a shipped experiment name or a YAML path")
+    parser.add_argument("--base-eval", action="store_true", help="also score the untrained base model")
+    parser.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts to score (0: the whole split)")
+    parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    return parser.parse_known_args(argv)
+
+
+def run_recipe(experiment: str, overrides: list[str]) -> dict[str, Any]:
+    """Launch the run as a child, sample the PSS of the whole process tree, return wall time, peak and run dir."""
+    command = [sys.executable, "-m", "toolbox.run", f"experiment={experiment}", *overrides]
+    start = time.perf_counter()
+    with PeakTreeMemory(period_s=0.5) as memory:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    wall_s = time.perf_counter() - start
+    sys.stderr.write(done.stderr[-4000:])
+    if done.returncode != 0:
+        raise SystemExit(f"bench recipe: `{' '.join(command)}` exited {done.returncode}")
+    found = RUN_DIR.search(done.stdout + done.stderr)  # the console writes to stderr when stdout is not a tty
+    if found is None:
+        raise SystemExit("bench recipe: the run printed no `results: RUN_DIR` line")
+    return {"wall_s": wall_s, "peak_pss_gib": memory.peak_mib / 1024, "run_dir": found.group(1)}
+
+
+def evaluate(experiment: str, model: str, overrides: list[str], prompts: int, out: Path) -> dict[str, float]:
+    """``toolbox eval`` of ``model`` (empty: the experiment's base) with the recipe's settings; its metrics."""
+    command = [sys.executable, "-m", "toolbox.eval", f"experiment={experiment}", f"prompts={prompts}", f"out={out}",
+               *([f"model={model}"] if model else []), *overrides]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return dict(json.loads((out / "eval.json").read_text())["metrics"])
+
+
+def table(figures: dict[str, Any]) -> Table:
+    out = Table(title=f"recipe {figures['experiment']}")
+    out.add_column("measure")
+    out.add_column("value", justify="right")
+    out.add_row("launch to exit (train, evaluate, export)", f"{figures['wall_s']:.0f} s")
+    out.add_row("peak memory, all processes (PSS)", f"{figures['peak_pss_gib']:.2f} GiB")
+    for name in ("base", "trained"):
+        if name in figures:
+            metrics = figures[name]
+            out.add_row(f"held-out pass@1, {name}", f"{metrics['pass@1']:.3f} ({int(metrics['prompts'])} prompts)")
+    out.add_row("run directory", figures["run_dir"])
+    return out
+
+
+def main(argv: list[str]) -> int:
+    args, overrides = parse(argv)
+    figures: dict[str, Any] = {"experiment": args.experiment, **run_recipe(args.experiment, overrides)}
+    run_dir = Path(figures["run_dir"])
+    # Only the model-independent overrides go to eval: the run's own config.yaml already holds the rest.
+    figures["trained"] = evaluate(str(run_dir / "config.yaml"), str(run_dir), [], args.eval_prompts, run_dir / "eval")
+    if args.base_eval:
+        figures["base"] = evaluate(str(run_dir / "config.yaml"), "", [], args.eval_prompts, run_dir / "eval-base")
+    Console().print(table(figures))
+    if args.out:
+        args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
