@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml setup.py  # setup.py maps actors/ and configs/ into the
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch first: a looser requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test,tensorboard,serve,docs,wandb,mlflow,optuna,mujoco,box2d]"
+	$(BIN)/pip install -q -e ".[test,tensorboard,serve,docs,wandb,mlflow,optuna,mujoco,box2d,gguf]"
 	rm -f $(VENV)/.installed-* && touch $@
 
 setup: $(STAMP)

@@ -56,7 +56,7 @@ class ModelShape:
 def model_shape(cfg: ExperimentConfig) -> ModelShape:
     """The policy's sizes from its config alone: the tiny model's, or ``AutoConfig.from_pretrained(model.path)``."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     path = cfg.model.path
     if cfg.model.tiny is not None and not (path and (Path(path) / "config.json").is_file()):
@@ -66,10 +66,7 @@ def model_shape(cfg: ExperimentConfig) -> ModelShape:
         alphabet = cfg.model.tiny.alphabet or TASKS.build(cfg.task, inject={"data": cfg.data}).alphabet()
         config, source = _model_config(cfg.model.tiny, build_char_tokenizer(alphabet)), f"tiny {cfg.model.tiny.arch}"
     else:
-        from toolbox.experiment import check_model_path
-
-        check_model_path(path, cfg.model.trust_remote_code)  # a ConfigError naming model.path, as a run would raise
-        config, source = AutoConfig.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code), path
+        config, source = _real_model_config(cfg)
     with torch.device("meta"):  # shapes only: no storage is allocated, no weights are read
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.model.trust_remote_code)
     layers = int(config.num_hidden_layers)
@@ -83,6 +80,32 @@ def model_shape(cfg: ExperimentConfig) -> ModelShape:
         vocab=int(config.vocab_size), max_positions=int(getattr(config, "max_position_embeddings", 0) or 0),
         source=source,
     )
+
+
+def _real_model_config(cfg: ExperimentConfig) -> tuple[Any, str]:
+    """``model.path``'s config (a catalog name resolved), and where it came from. A GGUF not converted yet is not
+    converted here: its config comes from the file's metadata, which is all a dry run reads."""
+    from transformers import AutoConfig
+
+    from toolbox.core.errors import ConfigError
+    from toolbox.experiment import check_model_path
+    from toolbox.models.catalog import gguf_source, gguf_target, resolve
+    from toolbox.models.gguf import GGUFImportError, check_gguf_packages
+
+    model = cfg.model
+    path = resolve(model.path)  # a ConfigError naming model.path and the fetch command, as a run would raise
+    if model.gguf_file:
+        gguf = gguf_source(path, model.gguf_file)
+        converted = gguf_target(gguf)
+        if not (converted / "config.json").is_file():
+            try:
+                check_gguf_packages()
+            except GGUFImportError as err:
+                raise ConfigError(f"model.gguf_file: {err}") from None
+            return AutoConfig.from_pretrained(path, gguf_file=model.gguf_file), str(gguf)
+        path = str(converted)
+    check_model_path(path, model.trust_remote_code)  # a ConfigError naming model.path, as a run would raise
+    return AutoConfig.from_pretrained(path, trust_remote_code=model.trust_remote_code), path
 
 
 def changed_settings(cfg: ExperimentConfig) -> list[tuple[str, str]]:

@@ -65,8 +65,10 @@ def _is_run_dir(path: Path) -> bool:
 
 
 def resolve_model(opts: EvalOptions, cfg: Any) -> str:
-    """The directory or hub id to evaluate: ``model=`` (a run directory means its hf/ export), else the config's."""
+    """The directory or hub id to evaluate: ``model=`` (a run directory means its hf/ export; a catalog name its
+    fetched copy; with ``model.gguf_file`` a directory holding that GGUF file), else the config's."""
     from toolbox.experiment import check_model_path, resolve_model_path
+    from toolbox.models.catalog import resolve_source
 
     if not opts.model:
         return resolve_model_path(cfg, Path(cfg.trainer.run_root).resolve())
@@ -78,6 +80,9 @@ def resolve_model(opts: EvalOptions, cfg: Any) -> str:
             return str(path / "hf")
         raise ConfigError(f"model={opts.model}: the run has no exported model ({path / 'hf'}); export it with "
                           f"`python -m toolbox.export {path} {path / 'hf'}` (or train with trainer.export=true)")
+    resolved = resolve_source(opts.model, cfg.model.gguf_file, field="model")
+    if resolved != opts.model:  # a catalog name or a GGUF: a model directory now
+        return resolved
     if path.exists():
         raise ConfigError(f"model={opts.model}: neither a model directory (config.json) nor a run directory (config.yaml)")
     check_model_path(opts.model, cfg.model.trust_remote_code)  # a hub id

@@ -29,6 +29,7 @@ from toolbox.core.events import EventBus
 from toolbox.data.offline import OfflineDataConfig
 from toolbox.data.tasks import TASKS
 from toolbox.local_ray import LOCAL_DEFAULTS, WORKER_ENV, actor_env, start_local
+from toolbox.models.catalog import resolve_source
 from toolbox.models.tiny import ensure_tiny_model
 from toolbox.trainers.checkpoints import latest_checkpoint, resolve_resume
 
@@ -56,12 +57,13 @@ def make_run_dir(cfg: ExperimentConfig) -> Path:
 
 
 def resolve_model_path(cfg: ExperimentConfig, run_root: Path) -> str:
-    """The directory or hub id to load. A tiny model is built (once, deterministically) when asked for."""
+    """The directory or hub id to load. A tiny model is built (once, deterministically) when asked for; a catalog
+    name is its fetched directory and a ``model.gguf_file`` its converted one (`toolbox.models.catalog`)."""
     model = cfg.model
     if model.tiny is None:
         if not model.path:
             raise ConfigError("model.path is empty and model.tiny is null: name a model directory or hub id")
-        return with_cold_start(cfg, model.path, run_root)
+        return with_cold_start(cfg, resolve_source(model.path, model.gguf_file), run_root)
     task = TASKS.build(cfg.task, inject={"data": cfg.data})
     digest = hashlib.sha1((model.tiny.model_dump_json() + task.alphabet()).encode()).hexdigest()[:10]
     path = Path(model.path) if model.path else run_root / ".models" / f"tiny-{model.tiny.arch}-{digest}"
@@ -120,7 +122,8 @@ class ExperimentBuilder:
     def __init__(self, cfg: ExperimentConfig) -> None:
         self.cfg = cfg
         if cfg.model.tiny is None and cfg.model.path:  # a user's model: fail here, before Ray and the run dir
-            check_model_path(cfg.model.path, cfg.model.trust_remote_code)
+            # resolving converts a GGUF here, once, so no worker (nor the warm-up thread) waits on it
+            check_model_path(resolve_source(cfg.model.path, cfg.model.gguf_file), cfg.model.trust_remote_code)
         check_specs(cfg)
         self.run_dir = make_run_dir(cfg)
         if isinstance(cfg.algorithm, OfflineDataConfig) and (cfg.algorithm.dataset or cfg.algorithm.eval_dataset):

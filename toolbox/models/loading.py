@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from toolbox.core.errors import ConfigError
 
 
 class TinyModelConfig(BaseModel):
@@ -42,17 +44,37 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str = Field(
         "",
-        description="Hub id or local directory loaded with from_pretrained. Empty with `tiny` set: "
+        description="Hub id or local directory loaded with from_pretrained, or a catalog name "
+        "(`toolbox model list`; fetched first with `toolbox model fetch NAME`). Empty with `tiny` set: "
         "a tiny model is built under the run directory.",
     )
     tiny: TinyModelConfig | None = Field(
         default_factory=TinyModelConfig, description="Build a tiny random-init model at `path` if it is absent."
     )
+    gguf_file: str = Field("", description="A GGUF file name inside `model.path` (a directory): converted once "
+                           "into a float32 Hugging Face directory under the model cache ($TOOLBOX_MODEL_CACHE/gguf), "
+                           "which every worker then loads. Needs model.tiny=null and the gguf extra. Empty: none.")
     dtype: str = Field("float32", description="Parameter dtype: float32 or bfloat16.")
     trust_remote_code: bool = Field(False, description="Passed to from_pretrained.")
     cold_start: ColdStartConfig | None = Field(None, description="Start from the policy a supervised run "
                                                "exports (cold start before RL, as DeepSeek-R1 and tool-use "
                                                "trainers do); cached under run_root/.models. Null: none.")
+
+    @model_validator(mode="after")
+    def _real_model_needs_no_tiny(self) -> ModelConfig:
+        """A GGUF file or a catalog name is a real model: with `tiny` set a random tiny model would be built at
+        `path` instead (or the directory would be taken as the tiny model's), silently."""
+        from toolbox.models.catalog import CATALOG
+
+        if self.tiny is None:
+            return self
+        if self.gguf_file:
+            raise ConfigError(f"model.gguf_file: {self.gguf_file!r} is a real model, but model.tiny is set (it "
+                              "would build a random tiny model instead); add model.tiny=null")
+        if self.path in CATALOG:
+            raise ConfigError(f"model.path: {self.path!r} is a catalog model, but model.tiny is set (it would build "
+                              f"a random tiny model at ./{self.path}); add model.tiny=null")
+        return self
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):  # noqa: ANN201 - transformers type
