@@ -20,10 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from toolbox.bench._memory import PeakTreeMemory
+from toolbox.bench._report import Table as ReportTable
+from toolbox.bench._report import command_line, print_tables, section, write_section
 
 RUN_DIR = re.compile(r"^results: (\S+)", re.MULTILINE)
 
@@ -34,6 +33,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--base-eval", action="store_true", help="also score the untrained base model")
     parser.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts to score (0: the whole split)")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    parser.add_argument("--figures", type=Path, default=None,
+                        help="report the figures of an earlier --out JSON instead of running (no run, no eval)")
+    parser.add_argument("--report", type=Path, default=None,
+                        help="write the tables, with the first held-out prompts' completions before and after, as a "
+                        "markdown section into this file (docs/benchmarks/NAME.md)")
     return parser.parse_known_args(argv)
 
 
@@ -61,29 +65,67 @@ def evaluate(experiment: str, model: str, overrides: list[str], prompts: int, ou
     return dict(json.loads((out / "eval.json").read_text())["metrics"])
 
 
-def table(figures: dict[str, Any]) -> Table:
-    out = Table(title=f"recipe {figures['experiment']}")
-    out.add_column("measure")
-    out.add_column("value", justify="right")
-    out.add_row("launch to exit (train, evaluate, export)", f"{figures['wall_s']:.0f} s")
-    out.add_row("peak memory, all processes (PSS)", f"{figures['peak_pss_gib']:.2f} GiB")
+def figures_table(figures: dict[str, Any]) -> ReportTable:
+    rows = [["launch to exit (train, evaluate, export)", f"{figures['wall_s']:.0f} s"],
+            ["peak memory, all processes (PSS)", f"{figures['peak_pss_gib']:.2f} GiB"]]
     for name in ("base", "trained"):
         if name in figures:
             metrics = figures[name]
-            out.add_row(f"held-out pass@1, {name}", f"{metrics['pass@1']:.3f} ({int(metrics['prompts'])} prompts)")
-    out.add_row("run directory", figures["run_dir"])
+            rows.append([f"held-out pass@1, {name}", f"{metrics['pass@1']:.3f} ({int(metrics['prompts'])} prompts)"])
+    return ReportTable(f"recipe {figures['experiment']}", ["measure", "value"], rows)
+
+
+def examples_table(run_dir: Path, count: int = 4) -> ReportTable:
+    """The first ``count`` held-out prompts (not picked: the split's order) with the base's and the trained
+    model's completions and whether each passed."""
+    def read(name: str) -> list[dict[str, Any]]:
+        with (run_dir / name / "eval_samples.jsonl").open() as f:
+            return [json.loads(line) for _, line in zip(range(count), f)]
+
+    def shown(row: dict[str, Any]) -> str:
+        mark = "right" if row["rewards"][0] >= 1.0 else "wrong"
+        return f"`{' '.join(row['responses'][0].split())}` ({mark})"  # one line: a table cell
+
+    rows = [[_question(b["prompt"]), b["answer"].rsplit("####", 1)[-1].strip(), shown(b), shown(t)]
+            for b, t in zip(read("eval-base"), read("eval"))]
+    return ReportTable("held-out completions, before and after", ["question", "answer", "base", "trained"], rows)
+
+
+def _question(prompt: str) -> str:
+    """The user's turn of a rendered chat prompt (the whole prompt when it has no such turn)."""
+    return prompt.split("user\n", 1)[-1].split("\nassistant", 1)[0].strip()
+
+
+def _without_figures(argv: list[str]) -> list[str]:
+    """``argv`` less ``--figures FILE``: the command that measures what the report shows."""
+    out, skip = [], False
+    for arg in argv:
+        if skip or arg == "--figures":
+            skip = not skip
+            continue
+        out.append(arg)
     return out
 
 
 def main(argv: list[str]) -> int:
     args, overrides = parse(argv)
-    figures: dict[str, Any] = {"experiment": args.experiment, **run_recipe(args.experiment, overrides)}
-    run_dir = Path(figures["run_dir"])
-    # Only the model-independent overrides go to eval: the run's own config.yaml already holds the rest.
-    figures["trained"] = evaluate(str(run_dir / "config.yaml"), str(run_dir), [], args.eval_prompts, run_dir / "eval")
-    if args.base_eval:
-        figures["base"] = evaluate(str(run_dir / "config.yaml"), "", [], args.eval_prompts, run_dir / "eval-base")
-    Console().print(table(figures))
+    if args.figures:
+        figures: dict[str, Any] = json.loads(args.figures.read_text())
+    else:
+        figures = {"experiment": args.experiment, **run_recipe(args.experiment, overrides)}
+        run_dir = Path(figures["run_dir"])
+        # The run's own config.yaml holds its overrides: eval scores with exactly the run's settings.
+        figures["trained"] = evaluate(str(run_dir / "config.yaml"), str(run_dir), [], args.eval_prompts,
+                                      run_dir / "eval")
+        if args.base_eval:
+            figures["base"] = evaluate(str(run_dir / "config.yaml"), "", [], args.eval_prompts, run_dir / "eval-base")
+    tables = [figures_table(figures)]
+    if "base" in figures:
+        tables.append(examples_table(Path(figures["run_dir"])))
+    print_tables(tables, [f"run directory: {figures['run_dir']}"])
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    if args.report:
+        write_section(args.report, section(f"recipe {figures['experiment']}", tables, [],
+                                           command_line("recipe", _without_figures(argv))))
     return 0
