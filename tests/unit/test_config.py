@@ -25,7 +25,7 @@ def test_default_config_validates() -> None:
     assert cfg.experiment == "grpo_tiny"
     # Each spec is typed by the entry its name selects, with that entry's defaults filled in.
     assert type(cfg.reward.spec) is REWARDS.spec_model("math")
-    assert cfg.reward.spec.model_dump() == {"name": "math", "which": "first", "tolerance": 1e-6}
+    assert cfg.reward.spec.model_dump() == {"name": "math", "which": "first", "tolerance": 1e-6, "marker": "####"}
     assert type(cfg.rollout.engine) is ENGINES.spec_model("hf") and cfg.rollout.engine.max_batch_size == 256
     assert [c.name for c in cfg.callbacks] == ["console", "jsonl", "tensorboard", "curves"]
     # A dump keeps every option of the chosen entry, not only the base spec's name.
