@@ -206,7 +206,7 @@ def test_spec_option_edits_default_spec() -> None:
     cfg = load_config(["rollout.engine.max_batch_size=64", "reward.spec.which=last"])
     assert cfg.rollout.engine.model_dump() == {"name": "hf", "max_batch_size": 64, "decode": "lean", "forward": "auto",
                                                  "device": "cpu"}
-    assert cfg.reward.spec.model_dump() == {"name": "math", "which": "last", "tolerance": 1e-6}
+    assert cfg.reward.spec.model_dump() == {"name": "math", "which": "last", "tolerance": 1e-6, "marker": "####"}
 
 
 def test_renaming_a_spec_drops_the_previous_entry_options(tmp_path) -> None:  # noqa: ANN001
@@ -235,10 +235,10 @@ def test_a_whole_spec_on_the_command_line_replaces_the_old_one(tmp_path) -> None
     path = write(tmp_path, "mine.yaml", "base: grpo_tiny\nreward: {spec: {name: math, which: last, tolerance: 0.5}}\n")
     assert load_config([f"experiment={path}", "reward.spec.tolerance=0.1"]).reward.spec.which == "last"  # merged
     cfg = load_config([f"experiment={path}", "reward.spec={name: math, tolerance: 0.1}"])  # replaced
-    assert cfg.reward.spec.model_dump() == {"name": "math", "which": "first", "tolerance": 0.1}
+    assert cfg.reward.spec.model_dump() == {"name": "math", "which": "first", "tolerance": 0.1, "marker": "####"}
     # A later dotted override still edits the whole spec given before it.
     cfg = load_config([f"experiment={path}", "reward.spec={name: math}", "reward.spec.which=last"])
-    assert cfg.reward.spec.model_dump() == {"name": "math", "which": "last", "tolerance": 1e-6}
+    assert cfg.reward.spec.model_dump() == {"name": "math", "which": "last", "tolerance": 1e-6, "marker": "####"}
 
 
 def test_renaming_a_nested_spec_drops_its_options(tmp_path) -> None:  # noqa: ANN001
