@@ -1,8 +1,9 @@
 """Shared fixtures: one local Ray instance per test session (integration tests), tiny models in tmp dirs.
 
-Under pytest-xdist (``make test`` runs ``-n 2``) every test that starts Ray (tests/integration, tests/e2e) is one
-unit of work (`pytest_xdist_make_scheduler`), so they run one after another in one worker, as without xdist: one
-Ray instance at a time, while the other worker runs the unit tests (no Ray).
+Under pytest-xdist (``make test`` runs ``-n 2``) every test that starts Ray (tests/integration, tests/e2e, and
+tests/realmodel, whose modules share one loaded copy of a real model) is one unit of work
+(`pytest_xdist_make_scheduler`), so they run one after another in one worker, as without xdist: one Ray instance
+at a time, while the other worker runs the unit tests (no Ray).
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-RAY_DIRS = ("integration", "e2e")
+RAY_DIRS = ("integration", "e2e", "realmodel")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under ``-n N``: every test of tests/integration and tests/e2e is one unit of work, run by one worker one
-    test after another (one Ray instance at a time, in collection order); the unit tests are spread by module.
+    """Under ``-n N``: every test of tests/integration, tests/e2e and tests/realmodel is one unit of work, run by one
+    worker one test after another (one Ray instance at a time, in collection order); the unit tests are spread by
+    module.
     (xdist's own ``--dist loadgroup`` marks do not group under pytest 9.2, whose node ids xdist can no longer
     rename.)"""
     from xdist.scheduler import LoadScopeScheduling
