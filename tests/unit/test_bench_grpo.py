@@ -12,13 +12,16 @@ from toolbox.bench._grpo_report import ratio_line, rows
 from toolbox.bench._grpo_trl import Stopwatch
 from toolbox.bench._grpo_vs_trl import (
     BEST_2CPU,
+    Workload,
     prompt_rows,
     ratio,
     summarize,
     toolbox_overrides,
     toolbox_summary,
+    trl_batching,
     trl_summary,
     window,
+    workload,
 )
 from toolbox.bench.grpo import parse
 
@@ -74,7 +77,7 @@ def test_saved_model_loads_with_toolbox_and_prompts_match_its_prompt_source(smal
 def test_toolbox_overrides_validate_into_the_intended_run(small_dir: str) -> None:
     from toolbox.config import load_config
 
-    cfg = load_config([*toolbox_overrides(small_dir, SIZES, BEST_2CPU), "learner.torch_threads=1"])
+    cfg = load_config([*toolbox_overrides(Workload(small_dir, sizes=SIZES), BEST_2CPU), "learner.torch_threads=1"])
     assert cfg.model.path == small_dir and cfg.model.tiny is None and cfg.reward.spec.name == "weighted_sum"
     assert cfg.rollout.sampling.max_new_tokens == 64 and not cfg.rollout.sampling.stop_at_eos
     assert (cfg.algorithm.prompts_per_step, cfg.algorithm.group_size, cfg.algorithm.kl_coef) == (2, 4, 0.0)
@@ -156,6 +159,57 @@ def test_cli_defaults_per_mode() -> None:
         parse(["--vs", "trl", "--warmup", "0"])
 
 
+def test_cli_takes_smollm2_and_its_path_only_with_it(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse(["--vs", "trl", "--model", "smollm2", "--model-path", "/m", "--report", "r.md", "--steps", "6"])
+    assert (args.model, args.model_path, args.report, args.steps) == ("smollm2", "/m", "r.md", 6)
+    assert parse(["--vs", "trl"]).model == "both" and parse(["--vs", "trl"]).model_path == ""
+    with pytest.raises(SystemExit):
+        parse(["--vs", "trl", "--model", "small", "--model-path", "/m"])
+    assert "--model-path goes with --model smollm2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse(["--vs", "trl", "--model", "smollm3"])
+    assert "invalid choice: 'smollm3'" in capsys.readouterr().err
+
+
+def test_smollm2_workload_is_the_chat_arithmetic_run_with_micro_batch_4(small_dir: str, tmp_path: Path) -> None:
+    from toolbox.config import load_config
+
+    work = workload("smollm2", str(tmp_path), 64, model_path=small_dir)  # any model directory stands in for it
+    assert work.model_dir == small_dir and work.task["name"] == "dataset" and work.task["path"].endswith("data/arith")
+    assert work.task["system_prompt"] and work.reward["components"][0]["name"] == "math_verify"
+    assert (work.sizes["prompts"], work.sizes["group"], work.sizes["micro_batch"], work.sizes["lr"]) == (2, 4, 4, 1e-5)
+    cfg = load_config(toolbox_overrides(work, BEST_2CPU))
+    assert cfg.learner.micro_batch_size == 4 and cfg.model.dtype == "float32" and cfg.learner.lora is None
+    assert cfg.task.name == "dataset" and cfg.task.system_prompt == work.task["system_prompt"]  # type: ignore[union-attr]
+    assert trl_batching(work.sizes) == {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}
+    assert trl_batching(SIZES) == {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}
+    with pytest.raises(ValueError, match="micro-batch 3 must divide the 8 rows of a step"):
+        trl_batching({**SIZES, "micro_batch": 3})
+
+
+def test_smollm2_directory_comes_from_the_flag_the_env_or_the_catalog(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolbox.bench import _smollm2
+
+    (tmp_path / "given").mkdir()
+    (tmp_path / "given" / "config.json").write_text("{}")
+    monkeypatch.delenv(_smollm2.PATH_ENV, raising=False)
+    assert _smollm2.model_dir(str(tmp_path / "given")) == str(tmp_path / "given")
+    with pytest.raises(SystemExit, match=r"--model-path / \$TOOLBOX_BENCH_SMOLLM2: .*nowhere is not a model directory"):
+        _smollm2.model_dir(str(tmp_path / "nowhere"))
+    monkeypatch.setenv(_smollm2.PATH_ENV, str(tmp_path / "given"))
+    assert _smollm2.model_dir() == str(tmp_path / "given")
+    monkeypatch.delenv(_smollm2.PATH_ENV)
+    if _smollm2._catalog() is None:
+        pytest.skip("no toolbox.models.catalog in this checkout")
+    monkeypatch.setenv("TOOLBOX_MODEL_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(SystemExit, match=r"bench --model smollm2: .*run `toolbox model fetch smollm2-135m-instruct`"):
+        _smollm2.model_dir()
+    (tmp_path / "cache" / _smollm2.NAME).mkdir(parents=True)
+    (tmp_path / "cache" / _smollm2.NAME / "config.json").write_text("{}")
+    assert _smollm2.model_dir() == str(tmp_path / "cache" / _smollm2.NAME)
+
+
 def test_trl_config_matches_the_toolbox_run(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     from toolbox.bench._grpo_trl import trl_config
@@ -166,3 +220,6 @@ def test_trl_config_matches_the_toolbox_run(tmp_path: Path) -> None:
     assert cfg.beta == 0.0 and cfg.use_cpu and not cfg.bf16 and not cfg.gradient_checkpointing  # TRL: on by default
     assert cfg.learning_rate == 1e-4 and not cfg.shuffle_dataset and math.isclose(cfg.max_grad_norm, 1.0)
     assert cfg.steps_per_generation == 1  # one optimizer step per generation batch
+    micro = trl_config(str(tmp_path), SIZES, steps=5, **trl_batching({**SIZES, "micro_batch": 4}))
+    assert (micro.per_device_train_batch_size, micro.gradient_accumulation_steps) == (4, 2)
+    assert micro.generation_batch_size == 8  # still one generation of 2 prompts x 4 per optimizer step

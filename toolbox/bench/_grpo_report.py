@@ -1,9 +1,12 @@
-"""Printing of the GRPO-vs-TRL benchmark: one table per model (every round of both sides) and its ratio line."""
+"""Printing of the GRPO-vs-TRL benchmark: one table per model (every round of both sides) and its ratio line, on the
+console and as a markdown report section (``--report``)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
+
+from toolbox.bench._report import Table, command_line, print_tables, section
 
 COLUMNS = (("completions/s", "completions_per_s", "{:.2f}"), ("tokens/s", "tokens_per_s", "{:.0f}"),
            ("step s", "step_s", "{:.2f}"), ("generate s", "generate_s", "{:.2f}"), ("reward s", "reward_s", "{:.3f}"),
@@ -28,19 +31,30 @@ def ratio_line(result: dict[str, Any]) -> str:
     return f"ratio {result['ratio']:.2f} (tokens/s {result['ratio_tokens']:.2f}{cpu})"
 
 
-def print_report(model: str, result: dict[str, Any], args: Any) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+def table(model: str, result: dict[str, Any], args: Any) -> Table:
+    """The table of one model: every round of both sides, titled with the workload, toolbox's layout and the load."""
+    sizes = result.get("sizes", {"prompts": 2, "group": 4, "micro_batch": 8})
     settings = result["toolbox"][0].get("settings", "") if result["toolbox"] else ""
     load = os.getloadavg()
-    table = Table(title=f"GRPO vs TRL, model {model}: 2 prompts x 4 samples, {args.new_tokens} new tokens, "
-                        f"{args.steps} timed steps after {args.warmup}; toolbox: {settings}; "
-                        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
-    for col in ("side", "round", *(c for c, _, _ in COLUMNS)):
-        table.add_column(col, justify="right")
-    for cells in rows(result):
-        table.add_row(*cells)
-    console = Console(width=200)
-    console.print(table)
-    console.print(f"{model}: {ratio_line(result)}", markup=False, highlight=False)
+    title = (f"GRPO vs TRL, model {model}: {sizes['prompts']} prompts x {sizes['group']} samples, {args.new_tokens} "
+             f"new tokens, micro-batch {sizes.get('micro_batch', '-')}, {args.steps} timed steps after {args.warmup}; "
+             f"toolbox: {settings}; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    return Table(title, ["side", "round", *(c for c, _, _ in COLUMNS)], rows(result))
+
+
+def print_report(model: str, result: dict[str, Any], args: Any) -> None:
+    """The model's table and its ratio line on the console."""
+    print_tables([table(model, result, args)], [f"{model}: {ratio_line(result)}"])
+
+
+def report_section(results: dict[str, Any], args: Any, argv: list[str]) -> str:
+    """The markdown report section of a ``--vs trl`` invocation: its tables, ratio lines and what they measure."""
+    tables = [table(model, result, args) for model, result in results.items()]
+    notes = [f"**{model}: {ratio_line(result)}** (toolbox's mean completions/s over TRL's)"
+             for model, result in results.items()]
+    notes.append("Columns: per timed step, each side's wall time split by phase (TRL's generate and reward wrapped, "
+                 "the rest of its step is train; toolbox's phases timed by its workers, overlapping with "
+                 "generation sampled ahead, so they may add up to more than the step), CPU seconds of the whole "
+                 "process tree, and the tree's peak PSS (sampled once a second: TRL's one process; toolbox's "
+                 "driver, Ray daemons and actors). How the sides are kept equal: `toolbox/bench/_grpo_vs_trl.py`.")
+    return section(f"GRPO against TRL: {', '.join(results)}", tables, notes, command_line("grpo", argv))

@@ -1,20 +1,24 @@
 """GRPO against TRL: the same models, prompts, reward and hyper-parameters; each side in a fresh process.
 
-``python -m toolbox.bench grpo --vs trl [--model small|medium|both] [--rounds 2] [--steps 8] [--out FILE]``
+``python -m toolbox.bench grpo --vs trl [--model small|medium|both|smollm2] [--rounds 2] [--steps 8] [--out FILE]``
 
 Fairness, point by point:
 
-- **Model and tokenizer**: one directory per model (`toolbox.bench._bpe_models`), loaded by both.
-- **Prompts**: toolbox's own prompt sequence (``PromptSource`` of the digit_add task, seed 0) is decoded
-  to text and given to TRL as an unshuffled dataset, so step k of both sees the same 2 prompts x 4 samples.
-- **Reward**: the same registered reward (``weighted_sum`` of ``math`` and a ``format`` term, `REWARD`),
-  called by TRL through a reward function.
+- **Model and tokenizer**: one directory per model, loaded by both: the random BPE models
+  (`toolbox.bench._bpe_models`) or SmolLM2-135M-Instruct (`toolbox.bench._smollm2`).
+- **Prompts**: toolbox's own prompt sequence (``PromptSource`` of the model's task, seed 0: digit_add for the
+  BPE models, the chat-templated arithmetic problems for SmolLM2) is decoded to text, special tokens kept, and
+  given to TRL as an unshuffled dataset, so step k of both sees the same 2 prompts x 4 samples; TRL's
+  tokenization of that text is checked to give toolbox's very ids.
+- **Reward**: the same registered reward (a ``weighted_sum`` of a correctness and a ``format`` term: `REWARD`,
+  or SmolLM2's), called by TRL through a reward function.
 - **Length**: every completion is exactly ``--new-tokens`` long on both sides: toolbox samples with
   ``stop_at_eos=false``, TRL with ``min_new_tokens = max_completion_length``. Tokens/s counts the tokens
   each side reports it produced (TRL's ``completion_ids``, toolbox's ``response_len``), so a mismatch would
   show there rather than hide.
-- **Optimisation**: fp32, KL off (``beta=0``), one PPO epoch, AdamW at constant lr 1e-4, clip 1.0,
-  temperature 1, top-p 1.
+- **Optimisation**: fp32, full fine-tune, KL off (``beta=0``), one PPO epoch, AdamW at a constant lr (1e-4 on
+  the random models, 1e-5 on SmolLM2), clip 1.0, temperature 1, top-p 1; the same micro-batch on both sides
+  (all 8 rows on the random models, 4 on SmolLM2: TRL accumulates 2 of them per optimizer step).
 - **Timing**: only the training steps after ``--warmup`` untimed ones (model load, Ray start-up and the
   first weight sync excluded): TRL from the end of the last warm-up step to the end of the last step,
   toolbox the sum of its ``step_time_s``. Toolbox's start-up is reported separately.
@@ -37,6 +41,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -54,29 +59,69 @@ REWARD = {"name": "weighted_sum", "weights": [1.0, 0.2],
 # (`rollout.max_staleness`) in blocks of 4 steps per engine call (`rollout.steps_per_generation`: a decode batch of
 # 32 rows costs about twice one of 8 on this CPU, where weights stream from memory per token), the learner trains on
 # one step at a time with truncated importance sampling for the lag. max_staleness 7 = 2 x 4 - 1 is the least that
-# lets a block be sampled while the block before it is trained on. (Before overlap and blocks, the best was one
-# actor per role with 2 threads each, each role waiting for the other: 0.81-1.04x TRL.) Packing is on, but this
-# benchmark's fixed 64-token completions leave too little padding for it to pay (`toolbox.learner.packed.PACK_BELOW`).
+# lets a block be sampled while the block before it is trained on. The micro-batch is the workload's
+# (`Workload`), the same on both sides. (Before overlap and blocks, the best was one actor per role with 2 threads
+# each, each role waiting for the other: 0.81-1.04x TRL.) Packing is on, but this benchmark's fixed 64-token
+# completions leave too little padding for it to pay (`toolbox.learner.packed.PACK_BELOW`).
 BEST_2CPU = ["rollout.num_workers=1", "rollout.torch_threads=1", "reward.num_workers=1", "learner.num_workers=1",
-             "learner.strategy=single", "learner.torch_threads=2", "learner.micro_batch_size=8", "learner.packing=true",
+             "learner.strategy=single", "learner.torch_threads=2", "learner.packing=true",
              "rollout.steps_per_generation=4", "rollout.max_staleness=7"]
 
 
-def toolbox_overrides(model_dir: str, sizes: dict[str, Any], settings: list[str]) -> list[str]:
-    """The GRPO run the benchmark compares, on ``model_dir``, with ``settings`` (parallelism) on top."""
-    return [f"model.path={model_dir}", "model.tiny=null", f"task={json.dumps(TASK)}", f"reward.spec={json.dumps(REWARD)}",
+@dataclass(frozen=True)
+class Workload:
+    """What one model of the comparison trains on, the same for both sides: its directory, task, reward and sizes
+    (``prompts`` x ``group`` completions of ``new_tokens`` per step, ``lr``, ``micro_batch`` rows per forward)."""
+
+    model_dir: str
+    task: dict[str, Any] = field(default_factory=lambda: dict(TASK))
+    reward: dict[str, Any] = field(default_factory=lambda: dict(REWARD))
+    sizes: dict[str, Any] = field(default_factory=dict)
+
+
+def workload(model: str, root: str, new_tokens: int, model_path: str = "") -> Workload:
+    """The workload of ``model``: a random BPE model built under ``root``, or SmolLM2 (``model_path`` or the
+    catalog's copy) on the chat-templated arithmetic task."""
+    sizes = {"prompts": 2, "group": 4, "new_tokens": new_tokens, "lr": 1e-4, "micro_batch": 8}
+    if model != "smollm2":
+        from toolbox.bench._bpe_models import build_model
+
+        return Workload(build_model(root, model), sizes=sizes)
+    from toolbox.bench import _smollm2
+
+    # lr as the smollm2 experiment trains it; micro-batch 4 keeps a 135M model's activations of 4 x ~110 tokens small
+    return Workload(_smollm2.model_dir(model_path), _smollm2.arith_task(), _smollm2.REWARD,
+                    {**sizes, "lr": 1e-5, "micro_batch": 4})
+
+
+def trl_batching(sizes: dict[str, Any]) -> dict[str, int]:
+    """TRL's batch settings for toolbox's micro-batch: that many rows per forward, accumulated to one step."""
+    rows = sizes["prompts"] * sizes["group"]
+    micro = sizes.get("micro_batch", rows)
+    if rows % micro:
+        raise ValueError(f"micro-batch {micro} must divide the {rows} rows of a step")
+    return {"per_device_train_batch_size": micro, "gradient_accumulation_steps": rows // micro}
+
+
+def toolbox_overrides(work: Workload, settings: list[str]) -> list[str]:
+    """The GRPO run the benchmark compares, of ``work``, with ``settings`` (parallelism) on top."""
+    sizes = work.sizes
+    return [f"model.path={work.model_dir}", "model.tiny=null", f"task={json.dumps(work.task)}",
+            f"reward.spec={json.dumps(work.reward)}",
             f"rollout.sampling.max_new_tokens={sizes['new_tokens']}", "rollout.sampling.temperature=1.0",
             "rollout.sampling.top_p=1.0", "rollout.sampling.stop_at_eos=false",
             f"algorithm.prompts_per_step={sizes['prompts']}", f"algorithm.group_size={sizes['group']}",
             "algorithm.kl_coef=0.0", f"learner.optim.lr={sizes['lr']}", "learner.optim.scheduler=constant",
-            "learner.optim.warmup_steps=0", f"learner.micro_batch_size={sizes['prompts'] * sizes['group']}",
+            "learner.optim.warmup_steps=0",
+            f"learner.micro_batch_size={sizes.get('micro_batch', sizes['prompts'] * sizes['group'])}",
             "trainer.seed=0", *settings]
 
 
 def prompt_rows(model_dir: str, sizes: dict[str, Any], steps: int, task: dict[str, Any] | None = None,
                 seed: int = 0) -> list[dict[str, str]]:
     """Every step's prompts as toolbox draws them (one row per group) from ``task`` (default `TASK`) with ``seed``,
-    decoded to text for TRL."""
+    decoded to text for TRL, special tokens (a chat template's) kept. Raises when TRL's tokenization of a text
+    (the tokenizer's defaults) would not give toolbox's ids back."""
     from toolbox.data.prompts import PromptSource
     from toolbox.data.tasks import TASKS
     from toolbox.models.loading import load_tokenizer
@@ -87,7 +132,11 @@ def prompt_rows(model_dir: str, sizes: dict[str, Any], steps: int, task: dict[st
     for step in range(steps):
         requests = source.step(step, sizes["prompts"], sizes["group"])
         for first in requests[:: sizes["group"]]:
-            rows.append({"prompt": tok.decode(first.ids, skip_special_tokens=True), "answer": first.extras["answer"]})
+            text = tok.decode(first.ids, skip_special_tokens=False)
+            if list(tok(text)["input_ids"]) != list(first.ids):
+                raise ValueError(f"bench grpo: prompt {text!r} of step {step} does not re-tokenize to toolbox's ids, "
+                                 "so TRL would see other prompts")
+            rows.append({"prompt": text, "answer": first.extras["answer"]})
     return rows
 
 
@@ -174,50 +223,53 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     """In the fresh process: run ``spec['side']`` and summarise it."""
     import torch
 
-    sizes, warmup, steps = spec["sizes"], spec["warmup"], spec["steps"]
-    per_step = sizes["prompts"] * sizes["group"]
+    work, warmup, steps = Workload(**spec["work"]), spec["warmup"], spec["steps"]
+    per_step = work.sizes["prompts"] * work.sizes["group"]
     if spec["side"] == "trl":
         from toolbox.bench._grpo_trl import run_trl
 
         torch.set_num_threads(spec["trl_threads"])
-        raw = run_trl(spec["model_dir"], spec["rows"], REWARD, sizes)
+        raw = run_trl(work.model_dir, spec["rows"], work.reward, work.sizes, **trl_batching(work.sizes))
         return trl_summary(raw, warmup, per_step)
     from toolbox.bench._grpo_run import run_experiment
 
-    run = run_experiment(toolbox_overrides(spec["model_dir"], sizes, spec["settings"]), steps, warmup)
+    run = run_experiment(toolbox_overrides(work, spec["settings"]), steps, warmup)
     return {**toolbox_summary(run.history, warmup, run.rows_per_step, run.step_cpu_s), "peak_pss_mib": run.peak_pss_mib,
             "startup_s": run.startup.get("first_step_s", 0.0), "settings": run.settings,
             **{f"startup_{k}": v for k, v in run.startup.items()}}
 
 
 def compare(args: Any) -> dict[str, Any]:
-    """Build each model, run the sides alternately for ``args.rounds`` rounds, print and return the results."""
+    """Set up each model's workload, run the sides alternately for ``args.rounds`` rounds, print and return the
+    results (per model: each side's rounds, the ratios and the workload's sizes)."""
     from transformers.utils import logging as hf_logging
 
-    from toolbox.bench._bpe_models import build_model
     from toolbox.bench._grpo_report import print_report
 
     hf_logging.disable_progress_bar()
-    sizes = {"prompts": 2, "group": 4, "new_tokens": args.new_tokens, "lr": 1e-4}
     models = ["small", "medium"] if args.model == "both" else [args.model]
     settings = BEST_2CPU + list(args.overrides)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-grpo-trl-") as root:
-        logs = args.logs or root
         for model in models:
-            model_dir = build_model(root, model)
-            base = {"model": model, "model_dir": model_dir, "sizes": sizes, "steps": args.steps,
-                    "warmup": args.warmup, "settings": settings, "trl_threads": args.trl_threads,
-                    "rows": prompt_rows(model_dir, sizes, args.steps + args.warmup)}
-            runs: dict[str, list[dict[str, Any]]] = {"toolbox": [], "trl": []}
-            for r in range(args.rounds):
-                for side in (("trl", "toolbox") if r % 2 == 0 else ("toolbox", "trl")):
-                    runs[side].append(run_side({**base, "side": side, "round": r}, logs))
-            results[model] = {**runs, "ratio": ratio(runs["toolbox"], runs["trl"]),
-                              "ratio_tokens": ratio(runs["toolbox"], runs["trl"], "tokens_per_s"),
-                              "ratio_cpu": ratio(runs["toolbox"], runs["trl"], "completions_per_cpu_s")}
+            work = workload(model, root, args.new_tokens, getattr(args, "model_path", ""))
+            results[model] = compare_model(model, work, settings, args, args.logs or root)
             print_report(model, results[model], args)
     return results
+
+
+def compare_model(model: str, work: Workload, settings: list[str], args: Any, logs: str) -> dict[str, Any]:
+    """Both sides on ``work``, ``args.rounds`` rounds, alternating who goes first; the rounds and the ratios."""
+    base = {"model": model, "work": asdict(work), "steps": args.steps, "warmup": args.warmup, "settings": settings,
+            "trl_threads": args.trl_threads,
+            "rows": prompt_rows(work.model_dir, work.sizes, args.steps + args.warmup, task=work.task)}
+    runs: dict[str, list[dict[str, Any]]] = {"toolbox": [], "trl": []}
+    for r in range(args.rounds):
+        for side in (("trl", "toolbox") if r % 2 == 0 else ("toolbox", "trl")):
+            runs[side].append(run_side({**base, "side": side, "round": r}, logs))
+    return {**runs, "sizes": work.sizes, "ratio": ratio(runs["toolbox"], runs["trl"]),
+            "ratio_tokens": ratio(runs["toolbox"], runs["trl"], "tokens_per_s"),
+            "ratio_cpu": ratio(runs["toolbox"], runs["trl"], "completions_per_cpu_s")}
 
 
 if __name__ == "__main__":

@@ -2,6 +2,10 @@
 
 ``python -m toolbox.bench decode [--cases small,medium,grpo_tiny,medium_eos] [--rounds 2] [--repeats 3]``
 
+``python -m toolbox.bench decode --model smollm2 [--batches 1,32] [--dtypes fp32,bf16] [--report PATH]``: the
+pretrained SmolLM2-135M-Instruct's decode speed against the memory-bandwidth bound, and bf16 against fp32 for
+generation and training (`toolbox.bench._decode_bound`).
+
 Cases (issue 11): ``small`` / ``medium`` are the GRPO-vs-TRL benchmark's random Qwen2 models with a
 byte-level BPE tokenizer (2 prompts x 4 samples, 64 new tokens, fp32); ``grpo_tiny`` is the default
 experiment's tiny char-level model and batch (16 prompts x 8, 4 new tokens); ``medium_eos`` is
@@ -153,28 +157,65 @@ def run_case(name: str, case: Case, root: Path, rounds: int, repeats: int) -> di
     return out
 
 
-def main(argv: list[str]) -> int:
+def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m toolbox.bench decode", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["cases", "smollm2"], default="cases", help="cases: the decode paths on "
+                        "--cases; smollm2: SmolLM2-135M-Instruct against the memory bound, bf16 against fp32.")
     parser.add_argument("--cases", default="small,medium,grpo_tiny,medium_eos", help="Comma-separated, of "
                         f"{', '.join(CASES)}.")
     parser.add_argument("--rounds", type=int, default=2, help="Alternating rounds (the median is reported).")
-    parser.add_argument("--repeats", type=int, default=3, help="Timed generate calls per path and round.")
+    parser.add_argument("--repeats", type=int, default=None, help="Timed calls per path and round (default 3); "
+                        "--model smollm2: per measurement, the best counts (default 2).")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads.")
     parser.add_argument("--models", default="", help="Directory to build/reuse the models in (default: a temp dir).")
+    parser.add_argument("--model-path", default="", help="--model smollm2: its directory (default: "
+                        "$TOOLBOX_BENCH_SMOLLM2, else the model catalog's smollm2-135m-instruct).")
+    parser.add_argument("--batches", default="1,32", help="--model smollm2: decode batch sizes, comma-separated.")
+    parser.add_argument("--new-tokens", type=int, default=64, help="--model smollm2: tokens per row (at least 2).")
+    parser.add_argument("--bf16-batches", default="1", help="--model smollm2: decode batch sizes of the bf16 variants.")
+    parser.add_argument("--dtypes", default="fp32,bf16,bf16t", help="--model smollm2: of fp32, bf16 (toolbox's "
+                        "forward) and bf16t (transformers' forward); comma-separated.")
+    parser.add_argument("--train-rows", type=int, default=4, help="--model smollm2: rows of the training step "
+                        "(the GRPO bench's micro-batch).")
+    parser.add_argument("--report", default="", help="--model smollm2: also write the tables as a markdown section "
+                        "into this file.")
     parser.add_argument("--out", default="", help="Also write the results as JSON here.")
     args = parser.parse_args(argv)
+    args.repeats = args.repeats or (2 if args.model == "smollm2" else 3)
     names = [c for c in args.cases.split(",") if c]
     unknown = sorted(set(names) - set(CASES))
     if unknown:
         parser.error(f"--cases: unknown {unknown}; choose from {sorted(CASES)}")
+    args.cases = names
+    for flag in ("batches", "bf16_batches"):
+        try:
+            setattr(args, flag, [int(b) for b in getattr(args, flag).split(",") if b])
+        except ValueError:
+            parser.error(f"--{flag.replace('_', '-')}: {getattr(args, flag)!r} is not a comma-separated list of integers")
+    args.dtypes = [d for d in args.dtypes.split(",") if d]
+    if not set(args.dtypes) <= {"fp32", "bf16", "bf16t"} or not args.dtypes:
+        parser.error(f"--dtypes: {args.dtypes} must name some of fp32, bf16, bf16t")
+    if (not args.batches or not args.bf16_batches or min(args.batches + args.bf16_batches) < 1 or args.new_tokens < 2
+            or args.train_rows < 1):
+        parser.error("--batches, --bf16-batches, --train-rows must be at least 1 and --new-tokens at least 2 (one "
+                     "decode step after the prefill's token)")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    if args.model == "smollm2":
+        from toolbox.bench._decode_bound import run
+
+        return run(args, argv)
     import torch
     from rich.console import Console
     from rich.table import Table
 
     torch.set_num_threads(args.threads)
     root = Path(args.models or tempfile.mkdtemp(prefix="bench-decode-"))
-    results = [run_case(n, CASES[n], root, args.rounds, args.repeats) for n in names]
+    results = [run_case(n, CASES[n], root, args.rounds, args.repeats) for n in args.cases]
     table = Table(title=f"hf engine decode, {args.threads} thread(s), {args.rounds} rounds x {args.repeats} calls; "
                   "seconds per call (wall / process CPU), speed-up over generate")
     lean_paths = PATHS[1:]

@@ -9,12 +9,16 @@ the worker doing it (the longest shard); calls chain by ref, so scoring of one s
 overlap generation of another and the shares need not add up to 100%. Start-up (Ray, each
 role's actors ready, the first weight sync) is reported too.
 
-``python -m toolbox.bench grpo --vs trl [--model small|medium|both] [--rounds 2] [--steps 8] [overrides ...]``
+``python -m toolbox.bench grpo --vs trl [--model small|medium|both|smollm2] [--rounds 2] [--steps 8] [overrides ...]``
 
-GRPO on random Qwen2 models with a locally trained byte-level BPE tokenizer, TRL's ``GRPOTrainer``
+GRPO on random Qwen2 models with a locally trained byte-level BPE tokenizer (``small``, ``medium``; ``both``
+runs the two) or on the pretrained SmolLM2-135M-Instruct with chat-templated arithmetic prompts (``smollm2``;
+its directory from ``--model-path``, ``$TOOLBOX_BENCH_SMOLLM2`` or the model catalog), TRL's ``GRPOTrainer``
 against toolbox's ``grpo`` with its best settings for a 2-core machine (overrides go on top of them),
 each in a fresh process, alternating; how it is kept fair: `toolbox.bench._grpo_vs_trl`. Needs the
 ``bench`` extra (``pip install -e '.[bench]'``).
+
+``--report PATH`` also writes the tables as a markdown section (machine, date, versions, command) into PATH.
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m toolbox.bench grpo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vs", choices=["trl"], default=None, help="Compare with this framework.")
-    parser.add_argument("--model", choices=["small", "medium", "both"], default="both",
-                        help="--vs trl: benchmark model(s).")
+    parser.add_argument("--model", choices=["small", "medium", "both", "smollm2"], default="both",
+                        help="--vs trl: benchmark model(s); both = small and medium.")
+    parser.add_argument("--model-path", default="", help="--model smollm2: its directory (default: "
+                        "$TOOLBOX_BENCH_SMOLLM2, else the model catalog's smollm2-135m-instruct).")
     parser.add_argument("--rounds", type=int, default=2, help="--vs trl: rounds of both sides, alternating.")
     parser.add_argument("--steps", type=int, default=None, help="Timed steps (default 30; --vs trl: 8).")
     parser.add_argument("--warmup", type=int, default=None, help="Untimed steps first (default 3; --vs trl: 2).")
@@ -48,6 +54,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--trl-threads", type=int, default=2, help="--vs trl: torch threads of TRL's process.")
     parser.add_argument("--logs", default="", help="--vs trl: keep each side's log and result files here.")
     parser.add_argument("--out", default="", help="Also write the results as JSON here.")
+    parser.add_argument("--report", default="", help="Also write the tables as a markdown section into this file "
+                        "(replacing its section of the same heading).")
     parser.add_argument("overrides", nargs="*", help="Config overrides, as for toolbox.run.")
     args = parser.parse_args(argv)
     vs = args.vs is not None
@@ -56,37 +64,41 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.steps < 1 or args.warmup < (1 if vs else 0) or args.rounds < 1:
         parser.error("--steps and --rounds must be at least 1, --warmup at least 1 with --vs (TRL's first step "
                      "has no start time)")
+    if args.model_path and args.model != "smollm2":
+        parser.error("--model-path goes with --model smollm2 (the other models are built on the spot)")
     return args
 
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
     if args.vs == "trl":
+        from toolbox.bench._grpo_report import report_section
         from toolbox.bench._grpo_vs_trl import compare
 
         result = compare(args)
+        text = report_section(result, args, argv)
     else:
-        result = default_experiment(args)
+        result, text = default_experiment(args, argv)
+    if args.report:
+        from toolbox.bench._report import write_section
+
+        write_section(args.report, text)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
     return 0
 
 
-def default_experiment(args: argparse.Namespace) -> dict[str, float]:
-    """The step table of the default experiment (with ``args.overrides``), and its start-up split."""
-    from rich.console import Console
-    from rich.table import Table
-
+def default_experiment(args: argparse.Namespace, argv: list[str]) -> tuple[dict[str, float], str]:
+    """The step table of the default experiment (with ``args.overrides``) and its start-up split, printed; the
+    results and their markdown report section."""
     from toolbox.bench._grpo_run import run_experiment
+    from toolbox.bench._report import Table, command_line, print_tables, section
 
     run = run_experiment(list(args.overrides), args.steps, args.warmup)
     result = {**phase_table(run.history[args.warmup :], run.rows_per_step), "peak_pss_mib": run.peak_pss_mib,
               **{f"startup_{k}": v for k, v in run.startup.items()}}
-    table = Table(title=f"GRPO step ({run.rows_per_step} completions/step; {run.settings})")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in result.items():
-        table.add_row(key, f"{value:.1%}" if key.endswith("share") else f"{value:.3g}")
-    Console().print(table)
-    return result
+    table = Table(f"GRPO step ({run.rows_per_step} completions/step; {run.settings})", ["metric", "value"],
+                  [[key, f"{value:.1%}" if key.endswith("share") else f"{value:.3g}"] for key, value in result.items()])
+    print_tables([table])
+    return result, section("GRPO step: default experiment", [table], [], command_line("grpo", argv))
