@@ -5,6 +5,11 @@ benchmark models). Start-up is split at the points the driver sees: Ray up (``ra
 group returned (placement group scheduled, actors created; for the learner also its process group joined and
 every rank's model loaded), every actor ready (rollout and reward actors load while the learner ranks do), the
 trainer built, the first weight sync done (``first_step_s``); the steps follow.
+
+The run goes ``rollout.max_staleness`` untimed steps past the last reported one: with sampling ahead, the rollout
+worker stops sampling that many steps before the run ends, so without this tail the last timed steps would train
+with no generation competing for the cores and no weight sync, which a long run never sees. Their records are
+dropped.
 """
 
 from __future__ import annotations
@@ -72,8 +77,8 @@ def start_ray(cfg: Any, attempts: int = 5) -> None:
 
 
 def run_experiment(overrides: list[str], steps: int, warmup: int) -> ExperimentRun:
-    """``toolbox.run`` with ``overrides`` for ``warmup + steps`` steps (no evaluation, callbacks or samples log),
-    on a fresh local Ray instance, shut down at the end."""
+    """``toolbox.run`` with ``overrides`` for ``warmup + steps`` reported steps and the untimed tail (no evaluation,
+    callbacks or samples log), on a fresh local Ray instance, shut down at the end."""
     import ray
 
     from toolbox.algorithms.grpo.config import GRPOConfig
@@ -83,9 +88,10 @@ def run_experiment(overrides: list[str], steps: int, warmup: int) -> ExperimentR
 
     t0 = time.perf_counter()
     run_root = tempfile.mkdtemp(prefix="bench-grpo-")
-    cfg = load_config([f"trainer.total_steps={steps + warmup}", "trainer.eval_every=0", "callbacks=[]",
-                       "trainer.save_every=0", "trainer.log_samples_every=0", f"trainer.run_root={run_root}",
-                       *overrides])
+    fixed = ["trainer.eval_every=0", "callbacks=[]", "trainer.save_every=0", "trainer.log_samples_every=0",
+             f"trainer.run_root={run_root}"]
+    tail = load_config([*fixed, *overrides]).rollout.max_staleness
+    cfg = load_config([f"trainer.total_steps={steps + warmup + tail}", *fixed, *overrides])
     if not isinstance(cfg.algorithm, GRPOConfig):
         raise SystemExit(f"bench grpo needs a grpo experiment, got algorithm.name={cfg.algorithm.name!r}")
     settings = (f"{cfg.rollout.num_workers} rollout x {cfg.rollout.torch_threads} thr, {cfg.reward.num_workers} "
@@ -109,4 +115,6 @@ def run_experiment(overrides: list[str], steps: int, warmup: int) -> ExperimentR
         finally:
             builder.shutdown()
             ray.shutdown()
-    return ExperimentRun(trainer.history, cfg.algorithm.rollouts_per_step, startup, memory.peak_mib, settings, step_cpu)
+    reported = steps + warmup
+    return ExperimentRun(trainer.history[:reported], cfg.algorithm.rollouts_per_step, startup, memory.peak_mib,
+                         settings + f", {tail} untimed tail steps", step_cpu[:reported])
