@@ -60,3 +60,6 @@ def test_grpo_report_section_has_a_table_per_model_and_the_ratio() -> None:
     assert "micro-batch 4" in text and "| trl | 0 | 2.00 |" in text and "| toolbox | 0 | 3.00 |" in text
     assert "**smollm2: ratio 1.50 (tokens/s 1.50)**" in text
     assert "toolbox bench grpo --vs trl --model smollm2`" in text
+    varied = SimpleNamespace(new_tokens=64, steps=6, warmup=2, overrides=["learner.torch_threads=1"])
+    heading = report_section({"smollm2": result}, varied, []).splitlines()[0]
+    assert heading == "## GRPO against TRL: smollm2 (learner.torch_threads=1)"

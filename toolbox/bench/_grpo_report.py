@@ -57,4 +57,6 @@ def report_section(results: dict[str, Any], args: Any, argv: list[str]) -> str:
                  "generation sampled ahead, so they may add up to more than the step), CPU seconds of the whole "
                  "process tree, and the tree's peak PSS (sampled once a second: TRL's one process; toolbox's "
                  "driver, Ray daemons and actors). How the sides are kept equal: `toolbox/bench/_grpo_vs_trl.py`.")
-    return section(f"GRPO against TRL: {', '.join(results)}", tables, notes, command_line("grpo", argv))
+    # Overrides in the heading: a run with other settings is a section of its own, not a replacement.
+    extra = f" ({' '.join(args.overrides)})" if getattr(args, "overrides", None) else ""
+    return section(f"GRPO against TRL: {', '.join(results)}{extra}", tables, notes, command_line("grpo", argv))
