@@ -136,7 +136,7 @@ def test_local_mode_needs_one_rank() -> None:
 
 
 def test_fields_ppo_does_not_use_are_errors_naming_each() -> None:
-    # issue 7: these used to validate and be ignored (PPO then trained on a 3x batch).
+    # A field PPO does not read must not validate silently: PPO would train on settings the user never gets.
     msg = config_error("experiment=ppo_tiny", "algorithm.dynamic_sampling=true", "algorithm.advantage=rloo")
     assert "algorithm.dynamic_sampling: Extra inputs are not permitted (got True)" in msg
     assert "algorithm.advantage: Extra inputs are not permitted (got 'rloo')" in msg

@@ -1,6 +1,6 @@
 """The GRPO-vs-TRL benchmark's models: random Qwen2 models with a byte-level BPE tokenizer trained here.
 
-Two sizes (``small`` ~4M parameters, ``medium`` ~25M) as issue 11 states them. The tokenizer is trained
+Two sizes: ``small`` (~4M parameters) and ``medium`` (~25M). The tokenizer is trained
 with the `tokenizers` library on a deterministic corpus of the task's own text (digit_add sums and their
 answers), so nothing is downloaded and both frameworks load the very same directory. Not a language
 model of any use: the weights are random (seeded), which is all a throughput benchmark needs.

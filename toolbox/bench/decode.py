@@ -6,7 +6,7 @@
 pretrained SmolLM2-135M-Instruct's decode speed against the memory-bandwidth bound, and bf16 against fp32 for
 generation and training (`toolbox.bench._decode_bound`).
 
-Cases (issue 11): ``small`` / ``medium`` are the GRPO-vs-TRL benchmark's random Qwen2 models with a
+Cases: ``small`` / ``medium`` are the GRPO-vs-TRL benchmark's random Qwen2 models with a
 byte-level BPE tokenizer (2 prompts x 4 samples, 64 new tokens, fp32); ``grpo_tiny`` is the default
 experiment's tiny char-level model and batch (16 prompts x 8, 4 new tokens); ``medium_eos`` is
 ``medium`` with its EOS logit raised so rows stop at different lengths, which is where dropping

@@ -9,8 +9,9 @@ CPU seconds (all threads; steadier than wall time on a shared machine):
 
 - ``toolbox``: `GRPOLearner` with the benchmark's learner settings (``single``, ``packing`` on, AdamW
   ``kernel: auto``, i.e. fused).
-- ``toolbox_before``: the same before issue 11's last levers: the per-tensor AdamW loop (``kernel: for_loop``) and
-  packing every micro-batch however little padding it has (`toolbox.learner.packed.PACK_BELOW` lifted).
+- ``toolbox_before``: the same without two levers, to show what each is worth: the per-tensor AdamW loop
+  (``kernel: for_loop``) and packing every micro-batch however little padding it has
+  (`toolbox.learner.packed.PACK_BELOW` lifted).
 - ``trl_style``: TRL's ``GRPOTrainer`` step reduced to its arithmetic, written here (TRL's trainer cannot be
   handed rows): the padded prompt + completion rows forwarded with ``logits_to_keep`` = completion length + 1,
   the completion tokens' log-softmax, the clipped surrogate averaged over tokens, backward, gradient clip 1.0,

@@ -5,7 +5,7 @@ on one rank, no Ray.
 
 Each model is a random Qwen2 saved to a temporary directory and loaded by the real
 `GRPOLearner` (strategy ``single``, one torch thread, fp32). The rows are what a GRPO step hands a
-rank: ``small`` / ``medium`` (issue 11's sizes) 8 rows of a 8-16 token prompt and a 1-64 token
+rank: ``small`` / ``medium`` (the sizes of ``bench grpo --vs trl``) 8 rows of a 8-16 token prompt and a 1-64 token
 response (2 prompts x 4 samples, KL off); ``grpo_tiny`` the default experiment's step (16 prompts of 4-5 tokens x 8
 samples of 1-4 tokens, one micro-batch of 128, KL on). A group's samples share their prompt, as GRPO's do. The three
 sides take turns within each round on the same rows; the table gives each side's best step time and padding

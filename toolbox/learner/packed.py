@@ -13,8 +13,8 @@ are laid out as the prompt once, then each response at the positions that follow
 each response token see the prompt and its own earlier tokens only. The prompt's hidden states are the ones every
 sample would compute for itself (same tokens, positions and causal context), and its gradient is the sum of the
 samples' — the padded numbers again, with the prompt's forward and backward run once per group: the default
-experiment's 128 rows of 5 prompt and 1-4 response tokens take ~400 slots instead of ~1,100 (its learner's CPU a
-step 27 -> 22 ms). The shared-prefix idea of "Prefix Grouper" (2025) for GRPO; written by hand because
+experiment's 128 rows of 5 prompt and 1-4 response tokens take ~400 slots instead of ~1,100 (about a fifth less
+learner CPU a step: `toolbox bench learner_step --models grpo_tiny`). The shared-prefix idea of "Prefix Grouper" (2025) for GRPO; written by hand because
 transformers only takes the mask, and the layout is `pack_rows`' own.
 
 Not covered: a response whose mask has holes (packing keeps a row's first ``mask.sum()`` response
@@ -98,14 +98,14 @@ def sequence_lengths(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
 # Tokens per packed row when the sequences are shorter. Fewer, longer rows cut the per-row overhead and the padding
 # left at rows' ends, while sdpa's block-diagonal mask still computes a whole row's L x L attention. Measured on
 # 2 CPU cores (one GRPO micro-batch, forward + backward, padded = 1): grpo_tiny 32 rows of <= 9 tokens, rows of
-# 9 / 64 / 224 tokens 1.35 / 0.88 / 0.59; issue 11's "medium", 8 rows of <= 80 tokens, rows of 65 / 151 / 297
-# tokens 0.69 / 0.47 / 0.52.
+# 9 / 64 / 224 tokens 1.35 / 0.88 / 0.59; `toolbox bench learner_step`'s "medium", 8 rows of <= 80 tokens, rows of
+# 65 / 151 / 297 tokens 0.69 / 0.47 / 0.52.
 ROW_TOKENS = 256
 # A micro-batch is packed only when its packed rows fill less than this share of the padded layout's slots. Packed rows
 # are longer, and a row's attention costs L x L however much of it the block-diagonal mask discards, so packing a batch
-# with little padding loses. Measured with one torch thread (issue 11's "small", 8 rows of 8-16 prompt tokens, one
-# GRPO update, CPU time, packed / padded): responses of 64 tokens (padded layout 4% padding) 1.11, of 32-64 (14%) 1.02,
-# of 16-64 (40%) 0.77, of 1-64 (54%) 0.52.
+# with little padding loses. Measured with one torch thread on the rows of `toolbox bench grpo_train_vs_trl --short N`
+# ("small", 8 rows of 8-16 prompt tokens, one GRPO update, CPU time, packed / padded): responses of 64 tokens (padded
+# layout 4% padding) 1.11, of 32-64 (14%) 1.02, of 16-64 (40%) 0.77, of 1-64 (54%) 0.52.
 PACK_BELOW = 0.8
 # Rows of shared-prompt units (`pack_rows`) are about this many units long (at least the longest unit, at most
 # `ROW_TOKENS`): a unit is already many sequences long, and a row's attention costs L x L. Measured on 2 CPU cores (one

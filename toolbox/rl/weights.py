@@ -8,8 +8,8 @@ the sender. The receiver gets read-only views into that shared memory,
 `unpack_bucket` reinterprets them as torch tensors (no copy), and `load_into`
 points the rollout model's parameters at them, so the receiver copies nothing on
 CPU. NumPy has no bfloat16, which is why arrays are raw bytes and the dtype lives
-in the manifest. (A first version packed tensors into one flat buffer per bucket:
-that is one more full copy on the sender, and measured at half the throughput.)
+in the manifest. Tensors are not packed into one flat buffer per bucket: that is one
+more full copy on the sender, at half the throughput (`toolbox bench weight_sync`).
 """
 
 from __future__ import annotations
