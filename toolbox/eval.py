@@ -155,13 +155,14 @@ def _group(cfg: Any, role: str, model_path: str, use_ray: bool) -> Any:
     from toolbox.actors.group import LocalGroup, WorkerGroup
     from toolbox.actors.reward import RewardWorker
     from toolbox.actors.rollout import RolloutWorker
-    from toolbox.algorithms.base import build_engine
+    from toolbox.algorithms.base import build_engine, rollout_dtype
     from toolbox.engines import ENGINES
     from toolbox.experiment import actor_env
 
     section = getattr(cfg, role)
     if role == "rollout":
-        engine = partial(build_engine, ENGINES, cfg.rollout.engine, model_path, cfg.model.dtype, cfg.trainer.seed)
+        engine = partial(build_engine, ENGINES, cfg.rollout.engine, model_path, rollout_dtype(cfg),
+                         cfg.trainer.seed)
         cls: type = RolloutWorker
         # In this process the engine may use every core torch has (an actor keeps to one).
         kwargs = lambda r: dict(rank=r, build=engine, **({} if use_ray else {"torch_threads": torch.get_num_threads()}))  # noqa: E731

@@ -180,7 +180,7 @@ class FakeIPC:
                          ("ipc_collect", lambda: None),
                          ("get_device_properties", lambda d: types.SimpleNamespace(uuid=self.UUID))):
             monkeypatch.setattr(torch.cuda, name, fn)
-        monkeypatch.setattr(vllm_mod, "_gpu_copy", lambda t, d: t.clone())
+        monkeypatch.setattr(vllm_mod, "_gpu_copy", lambda t, d, dtype: t.to(vllm_mod.wire_dtype(t, dtype), copy=True))
         monkeypatch.setattr(reductions, "reduce_tensor", self.reduce)
 
     def reduce(self, t: torch.Tensor) -> tuple:
@@ -204,18 +204,17 @@ class FakeIPC:
 
 def test_vllm_update_weights_uses_ipc_protocol(fake_vllm: types.SimpleNamespace, tok_dir: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = vllm_mod.VLLMEngine(tok_dir)
+    engine = vllm_mod.VLLMEngine(tok_dir, dtype="bfloat16")
     assert engine.llm.calls[0][1][0] == {"init_info": {"packed": False}}
     ipc = FakeIPC(monkeypatch)
     alive_at_finish = []
     engine.llm.finish_weight_update = lambda: alive_at_finish.append(ipc.all_alive())
     state = {"w": torch.arange(16.0).view(4, 4), "b": torch.ones(4, dtype=torch.bfloat16)}
     loaded = engine.update_weights(pack_state_dict(state, bucket_bytes=64))
-    assert loaded == 4 * 4 * 4 + 4 * 2
+    assert loaded == 4 * 4 * 2 + 4 * 2  # in the engine's dtype
     methods = [c[0] for c in engine.llm.calls[1:]]
     assert methods == ["start_weight_update", "update_weights", "update_weights", "reset_prefix_cache"]
-    assert alive_at_finish == [True]  # every bucket's GPU copy outlives finish_weight_update
-    assert not ipc.all_alive()  # ... and is released after it
+    assert alive_at_finish == [False]  # each bucket's GPU copies are released once its update returned
     infos = [c[1][0]["update_info"] for c in engine.llm.calls if c[0] == "update_weights"]
     assert [i["names"] for i in infos] == [["w"], ["b"]]
     assert infos[1]["dtype_names"] == ["bfloat16"] and infos[0]["shapes"] == [[4, 4]]
@@ -292,13 +291,12 @@ def test_vllm_payload_through_real_ipc_receiver(tok_dir: str, monkeypatch: pytes
                                                     reset_prefix_cache=lambda *a: log.append("reset_prefix_cache"))
 
     monkeypatch.setattr(vllm, "LLM", WiredLLM)
-    engine = vllm_mod.VLLMEngine(tok_dir)
+    engine = vllm_mod.VLLMEngine(tok_dir, dtype="bfloat16")
     assert worker.weight_transfer_engine.packed is False  # init_info parsed by IPCWeightTransferInitInfo
     state = {"w": torch.arange(16.0).view(4, 4), "b": torch.ones(4, dtype=torch.bfloat16)}
     engine.update_weights(pack_state_dict(state, bucket_bytes=64))
-    assert log == ["start", ("load", ["w"]), ("load", ["b"]), ("finish", True), "reset_prefix_cache"]
-    assert all(torch.equal(model.loaded[k], v) for k, v in state.items())
-    assert model.loaded["b"].dtype == torch.bfloat16
+    assert log == ["start", ("load", ["w"]), ("load", ["b"]), ("finish", False), "reset_prefix_cache"]
+    assert all(torch.equal(model.loaded[k], v.to(torch.bfloat16)) for k, v in state.items())  # the engine's dtype
 
 
 
@@ -350,11 +348,11 @@ def test_sglang_generate_and_update(monkeypatch: pytest.MonkeyPatch, tok_dir: st
     one = engine.generate(REQUESTS[:1], SAMPLING)  # SGLang answers a batch of one with a bare dict
     assert one.response_ids_BR.tolist() == [[A, B, EOS]]
     state = {"w": torch.arange(16.0).view(4, 4), "b": torch.ones(4)}
-    assert engine.update_weights(pack_state_dict(state, bucket_bytes=64)) == 16 * 4 + 4 * 4
+    assert engine.update_weights(pack_state_dict(state, bucket_bytes=64)) == 16 * 2 + 4 * 2  # the engine's bf16
     updates = engine.engine.updates
     assert updates[0] == "begin" and updates[-1] == "end" and len(updates) == 4
     assert [flush for _, flush in updates[1:-1]] == [False, True]  # flush the cache once, at the end
-    assert torch.equal(dict(updates[1][0])["w"], state["w"])
+    assert torch.equal(dict(updates[1][0])["w"], state["w"].to(torch.bfloat16))
 
 
 def test_sglang_payload_through_real_scheduler_updater(tok_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:

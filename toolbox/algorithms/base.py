@@ -59,7 +59,7 @@ def policy_roles(builder: ExperimentBuilder, learner_cls: type, algo: AlgorithmC
     from toolbox.engines import ENGINES
     from toolbox.engines.placement import engine_weight_transfer
     c, path = builder.cfg, builder.model_path
-    engine = partial(build_engine, ENGINES, c.rollout.engine, path, c.model.dtype, c.trainer.seed,
+    engine = partial(build_engine, ENGINES, c.rollout.engine, path, rollout_dtype(c), c.trainer.seed,
                      extra=engine_weight_transfer(c))
     # The learner first: its ranks are the longest to start (model, reference, process group), and the actors
     # created first take the worker processes Ray started ahead (one per CPU); the others wait for new ones.
@@ -118,6 +118,13 @@ def log_placement(builder: ExperimentBuilder) -> SyncPath:
                     "learner.offload_while_generating: true moves them to host memory between the export and the next "
                     "update (learner.offload: params keeps them there for good)")
     return path
+
+
+def rollout_dtype(cfg: Any) -> str:
+    """The dtype the configured engines load the policy in (``rollout.dtype``, `toolbox.engines.common.engine_dtype`)."""
+    from toolbox.engines.common import engine_dtype
+
+    return engine_dtype(cfg.rollout.engine.name, cfg.rollout.dtype, cfg.model.dtype)
 
 
 def build_engine(engines: Registry, spec: Spec, model_path: str, dtype: str, seed: int, rank: int,

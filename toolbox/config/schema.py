@@ -63,6 +63,10 @@ class RolloutConfig(BaseModel):
         "the rest are its options.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling for training rollouts.")
     cpus_per_worker: float = Field(0.25, gt=0, description="Ray CPUs reserved per rollout worker.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="dtype the engines load the policy in, independent of the learner's model.dtype (the "
+        "weight sync casts to it). auto: bfloat16 for the GPU engines (vllm, sglang: flash attention takes "
+        "half precision only), model.dtype for the others.")
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads per rollout worker (real CPU use; "
                                "cpus_per_worker is Ray's logical reservation).")
     gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs reserved per rollout worker.")

@@ -2,7 +2,9 @@
 
 Each of those engines receives a completion per request as token-id and log-prob lists; this module turns
 them into one batch, maps finish reasons, draws per-request seeds and counts the bytes of a weight update;
-`check_engine_gpus` checks at config load that a rollout worker reserves the GPUs its engine shards over.
+`check_engine_gpus` checks at config load that a rollout worker reserves the GPUs its engine shards over,
+`engine_dtype` picks the dtype an engine computes in (``rollout.dtype``), and `refuse_reserved` keeps
+``engine_kwargs`` from repeating an argument the engine passes itself.
 Not here: anything about a backend's own API (in its module), or the hf engine's tensor-level path.
 """
 
@@ -99,18 +101,51 @@ def batch_from_samples(requests: list[PromptRequest], samples: list[Sample], pad
     )
 
 
+def wire_dtype(tensor: torch.Tensor, engine_dtype: torch.dtype) -> torch.dtype:
+    """The dtype ``tensor`` is handed to an engine in: the engine's for floating-point weights, its own for integer
+    buffers."""
+    return engine_dtype if tensor.is_floating_point() else tensor.dtype
+
+
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes held by ``tensors``: what a weight update reports it loaded."""
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def check_engine_gpus(engine: Any, gpus_per_worker: float) -> None:
-    """A tensor-parallel engine (vllm ``tensor_parallel_size``, sglang ``tp_size``) runs inside one rollout worker on
-    the GPUs Ray gave that worker, so the worker must reserve exactly that many (fractions are for sharing one GPU)."""
+    """A tensor-parallel engine (vllm ``tensor_parallel_size``, sglang ``tp_size``, times the pipeline stages of its
+    ``engine_kwargs``) runs inside one rollout worker on the GPUs Ray gave that worker, so the worker must reserve
+    exactly that many (fractions are for sharing one GPU)."""
     field = next((f for f in ("tensor_parallel_size", "tp_size") if hasattr(engine, f)), None)
     if field is None:
         return
     tp = int(getattr(engine, field))
-    if (tp > 1 or gpus_per_worker > 1) and gpus_per_worker != tp:
-        raise ConfigError(f"rollout.engine.{field} is {tp} but rollout.gpus_per_worker is {gpus_per_worker:g}: "
-                          f"each rollout worker runs one engine on the GPUs it reserves; set rollout.gpus_per_worker: {tp}")
+    gpus = int(getattr(engine, "sync_workers", tp))  # tensor x pipeline parallel
+    if (gpus > 1 or gpus_per_worker > 1) and gpus_per_worker != gpus:
+        pipeline = f" (x {gpus // tp} pipeline stages)" if gpus != tp else ""
+        raise ConfigError(f"rollout.engine.{field} is {tp}{pipeline} but rollout.gpus_per_worker is "
+                          f"{gpus_per_worker:g}: each rollout worker runs one engine on the GPUs it reserves; set "
+                          f"rollout.gpus_per_worker: {gpus}")
+
+
+# Engines that run on GPUs only and compute in half precision by default (vLLM's flash attention takes fp16 / bf16).
+HALF_PRECISION_ENGINES = ("vllm", "sglang")
+
+
+def engine_dtype(engine: str, rollout_dtype: str, model_dtype: str) -> str:
+    """The dtype rollout engines load the policy in: ``rollout.dtype``, where ``auto`` is bfloat16 for the GPU engines
+    (vLLM, SGLang) and the learner's ``model.dtype`` for the others. The learner keeps its own precision either way:
+    the weight sync casts to the engine's dtype."""
+    if rollout_dtype != "auto":
+        return rollout_dtype
+    return "bfloat16" if engine in HALF_PRECISION_ENGINES else model_dtype
+
+
+def refuse_reserved(kwargs: dict[str, Any], reserved: dict[str, str], engine: str) -> dict[str, Any]:
+    """``engine_kwargs`` unchanged, or a ValueError for a key the engine passes itself (``reserved``: key -> the
+    setting to use instead); Python would otherwise fail at start with "got multiple values for keyword argument"."""
+    clash = sorted(reserved.keys() & kwargs.keys())
+    if clash:
+        uses = "; ".join(f"{key}: set {reserved[key]}" for key in clash)
+        raise ValueError(f"rollout.engine.engine_kwargs: {', '.join(clash)} is passed to {engine} by toolbox ({uses})")
+    return kwargs

@@ -29,14 +29,28 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from toolbox.engines.base import ENGINES, SamplingConfig
-from toolbox.engines.common import Sample, batch_from_samples, finish_code, tensor_bytes
+from toolbox.engines.common import (
+    Sample,
+    batch_from_samples,
+    finish_code,
+    refuse_reserved,
+    tensor_bytes,
+    wire_dtype,
+)
 from toolbox.engines.nccl_sync import plan_buckets
 from toolbox.models.loading import load_tokenizer
 from toolbox.rl.batch import PromptRequest, RolloutBatch
 from toolbox.rl.weights import TensorSpec, WeightBucket, unpack_bucket
+
+# sglang.Engine arguments the engine passes itself, and where each is set instead of engine_kwargs.
+RESERVED = {"model_path": "model.path", "dtype": "rollout.dtype", "random_seed": "trainer.seed",
+            "trust_remote_code": "model.trust_remote_code", "enable_weights_cpu_backup":
+            "rollout.engine.weights_cpu_backup", **{k: f"rollout.engine.{k}" for k in
+                                                   ("tp_size", "mem_fraction_static", "enable_memory_saver")}}
 
 
 class SGLangEngineConfig(BaseModel):
@@ -51,14 +65,32 @@ class SGLangEngineConfig(BaseModel):
         description="Share of GPU memory for weights + KV cache; leaves room for a learner.",
     )
     enable_memory_saver: bool = Field(default=False, description="Allow sleep()/wake() (release/resume GPU memory).")
+    weights_cpu_backup: bool = Field(
+        default=True,
+        description="With enable_memory_saver: SGLang copies the weights to host memory on sleep and back on wake "
+        "(its enable_weights_cpu_backup). Off: sleep discards them, and the engine refuses to generate after a wake "
+        "until new weights are loaded (saves one host copy of the model, and the copy back).")
     stage_on_gpu: bool = Field(
         default=True,
         description="Copy each weight bucket to the GPU before handing it to SGLang (CUDA IPC); "
         "off: send CPU tensors through shared memory.",
     )
     engine_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Further keyword arguments for sglang.Engine (SGLang ServerArgs names)."
+        default_factory=dict, description="Further keyword arguments for sglang.Engine (SGLang ServerArgs names); not "
+        "the ones the engine sets from other settings (dtype: rollout.dtype, random_seed, the fields above). pp_size: "
+        "the rollout worker reserves tensor x pipeline GPUs."
     )
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _not_reserved(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return refuse_reserved(kwargs, RESERVED, "sglang.Engine")
+
+    @property
+    def sync_workers(self) -> int:
+        """The engine's scheduler processes, each a rank of a device-to-device sync group: tensor x pipeline
+        parallel (data-parallel replicas take the object store, `toolbox.engines.placement`)."""
+        return self.tp_size * int(self.engine_kwargs.get("pp_size", 1))
 
 
 @ENGINES.register("sglang", config=SGLangEngineConfig)
@@ -70,6 +102,8 @@ class SGLangEngine:
         self.config = config or SGLangEngineConfig()
         self._group = ""  # NCCL: the weight-update group joined by open_device_sync
         self._buckets: list[Sequence[TensorSpec]] = []  # NCCL: the manifest cut into the learner's buckets
+        self.dtype = dtype
+        self._weights_lost = False  # slept without a host backup: no generate until weights are loaded
         self.tokenizer = load_tokenizer(model_path, trust_remote_code)
         import sglang  # lazy: the module must import where SGLang is not installed
 
@@ -82,10 +116,16 @@ class SGLangEngine:
             tp_size=cfg.tp_size,
             mem_fraction_static=cfg.mem_fraction_static,
             enable_memory_saver=cfg.enable_memory_saver,
+            # Without the backup SGLang's sleep discards the weights, and a wake without a weight load (a retried
+            # generate, DAPO's next round) would sample from uninitialised memory.
+            enable_weights_cpu_backup=cfg.enable_memory_saver and cfg.weights_cpu_backup,
             **cfg.engine_kwargs,
         )
 
     def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
+        if self._weights_lost:
+            raise RuntimeError("sglang engine: generate after a sleep that discarded the weights "
+                               "(rollout.engine.weights_cpu_backup: false) and before a weight load")
         params = {
             "n": 1,
             "temperature": sampling.temperature,
@@ -104,12 +144,13 @@ class SGLangEngine:
     def update_weights(self, buckets: list[WeightBucket]) -> int:
         """Load each bucket with ``update_weights_from_tensor`` inside one weight-update session; returns the bytes
         sent."""
-        return self._session(lambda: self._send(buckets))
+        return self._loaded(self._session(lambda: self._send(buckets)))
 
     @property
     def sync_workers(self) -> int:
-        """How many NCCL ranks this engine takes in a device-to-device sync group (its tensor-parallel schedulers)."""
-        return self.config.tp_size
+        """How many NCCL ranks this engine takes in a device-to-device sync group (its tensor- and pipeline-parallel
+        schedulers)."""
+        return self.config.sync_workers
 
     def open_device_sync(self, init_info: dict[str, Any], manifest: Sequence[TensorSpec]) -> None:
         """Join learner rank 0's weight-update group (``init_info``: `NcclSyncInit.worker_info` of the sglang wire;
@@ -126,7 +167,11 @@ class SGLangEngine:
         if not self._buckets:
             raise RuntimeError("sglang engine: receive_weights before open_device_sync (a rollout worker restarted by "
                                "Ray is not in the learner's NCCL group)")
-        return self._session(self._receive)
+        return self._loaded(self._session(self._receive))
+
+    def _loaded(self, nbytes: int) -> int:
+        self._weights_lost = False
+        return nbytes
 
     def _receive(self) -> int:
         last = len(self._buckets) - 1
@@ -147,15 +192,17 @@ class SGLangEngine:
             _check(self.engine.end_weight_update(), "end_weight_update")
 
     def _send(self, buckets: list[WeightBucket]) -> int:
-        loaded = 0
+        loaded, target = 0, getattr(torch, self.dtype)
         for k, bucket in enumerate(buckets):
             named = list(unpack_bucket(bucket).items())
+            # In the engine's dtype (cast on the GPU when staged there): a float32 learner would otherwise hand
+            # SGLang a float32 model.
             if self.config.stage_on_gpu:
-                named = [(name, t.to("cuda")) for name, t in named]
+                named = [(name, t.to("cuda").to(wire_dtype(t, target))) for name, t in named]
             else:
                 # Bucket views may be read-only object-store memory, which torch cannot move into
                 # shared memory in place; a private copy can.
-                named = [(name, t.clone()) for name, t in named]
+                named = [(name, t.to(wire_dtype(t, target), copy=True)) for name, t in named]
             result = self.engine.update_weights_from_tensor(
                 named_tensors=named, load_format=None, flush_cache=k == len(buckets) - 1
             )
@@ -168,6 +215,7 @@ class SGLangEngine:
         if not self.config.enable_memory_saver:
             raise RuntimeError("sglang engine: sleep() needs rollout.engine.enable_memory_saver: true")
         _check(self.engine.release_memory_occupation(), "release_memory_occupation")
+        self._weights_lost = not self.config.weights_cpu_backup
 
     def wake(self) -> None:
         """Take the GPU memory back after `sleep`."""

@@ -10,8 +10,9 @@ The ``ipc`` backend (``init_weight_transfer_engine`` / ``start_weight_update`` /
 ``update_weights`` / ``finish_weight_update``, vllm 0.33 ``vllm/distributed/weight_transfer/ipc_engine.py``):
 each bucket is copied onto the GPU(s) this process shares with vLLM and handed over as CUDA IPC handles, one
 ``{gpu uuid: rebuild_cuda_tensor args}`` dict per tensor -- the ``args`` half of ``reduce_tensor``, which the
-receiver indexes (it overwrites args[6], the device). vLLM reloads layer-wise between start and finish, so
-every GPU copy is kept alive until ``finish_weight_update`` has returned, as vLLM's own trainer side does.
+receiver indexes (it overwrites args[6], the device). Buckets go one at a time, cast to the engine's dtype: a
+bucket's GPU copies are dropped once its ``update_weights`` has returned (a block a worker's layer-wise reload still
+maps waits in torch's CUDA IPC limbo until the worker lets go), so the sync costs one bucket of GPU memory.
 
 Sleep and wake (colocation): ``sleep`` is vLLM's level 1 (weights to host memory, KV cache dropped); the wake
 before a weight load is two-stage (``LLM.wake_up(tags)``, tags "weights" / "kv_cache"): `wake_weights` (``wake_up(tags=["weights"])``),
@@ -37,7 +38,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from toolbox.core.errors import ConfigError
 from toolbox.engines.base import ENGINES, SamplingConfig
@@ -46,8 +47,10 @@ from toolbox.engines.common import (
     batch_from_samples,
     call_rng,
     finish_code,
+    refuse_reserved,
     request_seeds,
     tensor_bytes,
+    wire_dtype,
 )
 from toolbox.engines.nccl_sync import update_info
 from toolbox.learner.lora import LoraConfig, adapter_update, write_adapter_dir
@@ -59,6 +62,12 @@ log = logging.getLogger(__name__)
 VLLM_DEFAULT_MAX_LORA_RANK = 16  # vLLM's LoRAConfig.max_lora_rank default
 WeightTransfer = Literal["ipc", "nccl"]
 SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's level-1 sleep frees, in the order a weight load wakes them
+# vllm.LLM arguments the engine passes itself, and where each is set instead of engine_kwargs.
+RESERVED = {"model": "model.path", "dtype": "rollout.dtype", "seed": "trainer.seed",
+            "trust_remote_code": "model.trust_remote_code", "weight_transfer_config": "rollout.placement (toolbox picks "
+            "the backend)", "data_parallel_size": "rollout.num_workers (one engine per rollout worker)",
+            **{k: f"rollout.engine.{k}" for k in ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
+                                                  "enforce_eager", "enable_sleep_mode", "logprobs_mode")}}
 
 class VLLMEngineConfig(BaseModel):
     """Options of the ``vllm`` engine (passed to ``vllm.LLM``)."""
@@ -90,8 +99,20 @@ class VLLMEngineConfig(BaseModel):
         "requests more slowly). Off: only the engine-level seed.",
     )
     engine_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Further keyword arguments for vllm.LLM (vLLM EngineArgs names)."
+        default_factory=dict, description="Further keyword arguments for vllm.LLM (vLLM EngineArgs names); not the ones "
+        "the engine sets from other settings (dtype: rollout.dtype, seed, the fields above, data_parallel_size: "
+        "rollout.num_workers). pipeline_parallel_size: the rollout worker reserves tensor x pipeline GPUs."
     )
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _not_reserved(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return refuse_reserved(kwargs, RESERVED, "vllm.LLM")
+
+    @property
+    def sync_workers(self) -> int:
+        """The engine's worker processes, each a rank of a device-to-device sync group: tensor x pipeline parallel."""
+        return self.tensor_parallel_size * int(self.engine_kwargs.get("pipeline_parallel_size", 1))
 
     def check_adapters(self, lora: LoraConfig) -> None:
         """Takes LoRA adapters (learner.lora.sync: adapter) as LoRA requests, which vLLM serves only when started
@@ -114,6 +135,7 @@ class VLLMEngine:
         ``nccl``: learner rank 0 broadcasts, after `open_device_sync`)."""
         self.config = config or VLLMEngineConfig()
         self.weight_transfer = weight_transfer
+        self.dtype = dtype
         self._update_info: dict[str, Any] | None = None  # nccl: the announced names/dtypes/shapes
         self._sync_bytes = 0
         self._asleep: set[str] = set()  # the SLEEP_TAGS not woken yet
@@ -129,7 +151,7 @@ class VLLMEngine:
         self._lora_root = ""
         cfg = self.config
         extra = dict(cfg.engine_kwargs)
-        if cfg.tensor_parallel_size > 1:
+        if cfg.sync_workers > 1:
             # One actor holds one bundle with all the engine's GPUs; vLLM's Ray executor would want a bundle per GPU.
             extra.setdefault("distributed_executor_backend", "mp")
         self.llm = vllm.LLM(
@@ -157,8 +179,9 @@ class VLLMEngine:
 
     @property
     def sync_workers(self) -> int:
-        """How many NCCL ranks this engine takes in a device-to-device sync group (its tensor-parallel workers)."""
-        return self.config.tensor_parallel_size
+        """How many NCCL ranks this engine takes in a device-to-device sync group (every tensor- and pipeline-parallel
+        worker receives its part of the weights)."""
+        return self.config.sync_workers
 
     def open_device_sync(self, init_info: dict[str, Any], manifest: Sequence[TensorSpec]) -> None:
         """Join the NCCL group of `toolbox.engines.nccl_sync` (``init_info``: `NcclSyncInit.worker_info`; blocks
@@ -215,18 +238,19 @@ class VLLMEngine:
         if not torch.cuda.is_available():
             raise RuntimeError("vllm engine: weight sync over CUDA IPC needs a GPU visible to the rollout worker")
         llm, loaded = self.llm, 0
-        # The receivers map these copies and may load them as late as finish_weight_update: keep them until then.
-        keep_alive: list[torch.Tensor] = []
         llm.start_weight_update()
         for bucket in buckets:
-            tensors = unpack_bucket(bucket)
-            copies, handles = _share_on_gpus(tensors)
-            keep_alive += copies
-            llm.update_weights({"update_info": ipc_update_info(tensors, handles)})
-            loaded += tensor_bytes(tensors.values())
+            # In the engine's dtype: a float32 learner would otherwise put a float32 model on every engine GPU.
+            keep, copies, handles = _share_on_gpus(unpack_bucket(bucket), getattr(torch, self.dtype))
+            llm.update_weights({"update_info": ipc_update_info(copies, handles)})
+            loaded += tensor_bytes(copies.values())
+            # One bucket on the GPU at a time. A worker's layer-wise reload may still hold a tensor of this bucket
+            # (a layer whose rest comes in the next one): torch's CUDA IPC keeps a block whose receiver still maps
+            # it in limbo until the receiver lets go, and ipc_collect frees it after.
+            del keep, copies, handles
+            torch.cuda.ipc_collect()
         llm.finish_weight_update()
-        del keep_alive
-        torch.cuda.ipc_collect()  # let the driver free the shared blocks the workers have now released
+        torch.cuda.ipc_collect()  # the blocks the workers released at finish
         # Cached prefixes hold KV computed by the old weights.
         llm.reset_prefix_cache()
         return loaded
@@ -301,31 +325,37 @@ def ipc_update_info(tensors: dict[str, torch.Tensor], handles: list[dict[str, tu
     }
 
 
-def _share_on_gpus(tensors: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], list[dict[str, tuple]]]:
-    """Copy each tensor onto every visible GPU; per tensor, ``{gpu uuid: rebuild_cuda_tensor args}``.
+def _share_on_gpus(tensors: dict[str, torch.Tensor],
+                   dtype: torch.dtype) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], list[dict[str, tuple]]]:
+    """Copy each tensor onto every visible GPU, floating-point ones cast to ``dtype``; returns every copy, the first
+    GPU's copy of each tensor by name (what the update announces) and, per tensor, ``{gpu uuid: rebuild_cuda_tensor
+    args}``.
 
     vLLM's IPC receiver looks up its own GPU's UUID, so with tensor parallelism every worker's GPU needs its
     own copy. ``reduce_tensor`` returns ``(rebuild_cuda_tensor, args)``; the receiver wants ``args`` alone. The
-    args do not keep the storage alive: the caller holds the returned copies until the update is finished.
+    args do not keep the storage alive: the caller holds the copies until the receivers have loaded them.
     """
     from torch.multiprocessing.reductions import reduce_tensor
 
     devices = range(torch.cuda.device_count())
     uuids = [str(torch.cuda.get_device_properties(d).uuid) for d in devices]
-    copies: list[torch.Tensor] = []
+    copies: dict[str, torch.Tensor] = {}
     handles: list[dict[str, tuple]] = []
-    for tensor in tensors.values():
+    keep: list[torch.Tensor] = []
+    for name, tensor in tensors.items():
         per_gpu = {}
         for d, uuid in zip(devices, uuids):
-            copy = _gpu_copy(tensor, d)
-            copies.append(copy)
+            copy = _gpu_copy(tensor, d, dtype)
+            copies.setdefault(name, copy)
+            keep.append(copy)
             _rebuild, args = reduce_tensor(copy)
             per_gpu[uuid] = args
         handles.append(per_gpu)
     torch.cuda.synchronize()
-    return copies, handles
+    return keep, copies, handles
 
 
-def _gpu_copy(tensor: torch.Tensor, device: int) -> torch.Tensor:
-    """A contiguous copy of ``tensor`` on ``cuda:device`` (the seam the CPU contract tests replace)."""
-    return tensor.to(f"cuda:{device}").contiguous()
+def _gpu_copy(tensor: torch.Tensor, device: int, dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous copy of ``tensor`` on ``cuda:device``, cast there to ``dtype`` when floating point (the seam
+    the CPU contract tests replace)."""
+    return tensor.to(f"cuda:{device}").to(wire_dtype(tensor, dtype)).contiguous()
