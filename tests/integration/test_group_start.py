@@ -1,4 +1,4 @@
-"""Groups started with ``wait=False`` load concurrently (real Ray): start-up is no longer one role after another."""
+"""Groups started with ``wait=False`` load concurrently (real Ray): the roles start side by side, not one after another."""
 
 from __future__ import annotations
 
