@@ -4,7 +4,8 @@ so that each step's export is learner rank 0's send and the engines' weight load
 NCCL collectives need every rank inside them at once, so the driver never lets one side wait for the other: the
 learner's and the engines' calls are submitted together and waited on together. (Ray runs each actor's calls in
 order, so a receive queued behind a ``generate`` starts when that generate is done and then waits inside NCCL for
-the learner's send, which is queued behind the learner's update.)
+the learner's send, which is queued behind the learner's update; the send's deadline is therefore a rollout call's
+plus a learner call's.)
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def open_nccl_sync(learner: object, engines: object, buffer_bytes: int, wire: Wi
     joining = engines.group.submit("open_weight_sync", [(init.worker_info(o), manifest) for o in offsets])
     wait(learner.broadcast("open_weight_sync", init), joining)
     learner.device_sync = engines.device_sync = True
+    # The send waits inside NCCL until every engine's receive runs, which Ray queues behind the engine's generate
+    # (sampling the next step while the learner trains): its deadline spans one rollout call and one learner call.
+    learner.sync_timeout_s = engines.group.timeout_s + learner.group.timeout_s
     log.info("weight sync: NCCL group of %d ranks open at %s:%d (learner rank 0 + %s %s engine workers), %d tensors, "
              "%.1f MB per round in chunks of %d MB", init.world_size, address, port, workers, wire, len(manifest),
              sum(s.nbytes for s in manifest) / 2**20, buffer_bytes >> 20)

@@ -292,6 +292,8 @@ class LocalGroup:
     """In-process stand-in for `WorkerGroup`: same methods; calls run eagerly in ``submit``, and one that raises
     fails its `Pending` (the wait raises it; a call given its result fails with the same error, unrun)."""
 
+    timeout_s = 0.0  # calls run eagerly at submit: no deadline
+
     def __init__(self, role: str, workers: list[Any]) -> None:
         self.role, self.workers = role, workers
 

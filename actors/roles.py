@@ -137,12 +137,14 @@ class LearnerGroupBase(RoleGroup):
         return self.group.replace_all()
 
     device_sync = False  # set by toolbox.actors.device_sync.open_nccl_sync: weights leave over NCCL
+    sync_timeout_s: float | None = None  # with device_sync: the send's deadline (it may wait behind a generate)
 
     def export_weights(self) -> Pending[WeightRefs]:
         """Every rank takes part in gathering the full weights; rank 0's result holds the bucket refs. With
-        `device_sync` rank 0 broadcasts them to the engines instead (results: the bytes sent, no refs)."""
+        `device_sync` rank 0 broadcasts them to the engines instead (results: the bytes sent, no refs), within
+        `sync_timeout_s`."""
         if self.device_sync:
-            return self.broadcast("send_weights")
+            return self.group.submit("send_weights", [()] * len(self.group), timeout_s=self.sync_timeout_s)
         return self.broadcast("export_weights")
 
     def export_hf(self, path: str) -> str:

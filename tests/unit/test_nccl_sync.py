@@ -124,3 +124,44 @@ def test_driver_opens_the_group_then_export_sends_and_update_receives() -> None:
     assert sent.result() == [8, 0] and loaded.result() == [0.1, 0.1]
     with pytest.raises(TypeError, match="role groups"):
         open_nccl_sync(object(), rollout, 1)
+
+
+class TimedGroup(LocalGroup):
+    """A `LocalGroup` with a role's call deadline that records the deadline each call was submitted with."""
+
+    def __init__(self, role: str, workers: list[Any], timeout_s: float) -> None:
+        super().__init__(role, workers)
+        self.timeout_s, self.deadlines = timeout_s, {}
+
+    def submit(self, method: str, args_list: Any = None, ranks: Any = None, timeout_s: float | None = None,
+               bulk: bool = False) -> Pending[Any]:
+        self.deadlines[method] = timeout_s
+        return super().submit(method, args_list, ranks, timeout_s, bulk)
+
+
+def test_send_deadline_covers_a_generate_it_waits_behind() -> None:
+    log: list = []
+    learner_group = TimedGroup("learner", [FakeLearnerRank(log, r) for r in range(2)], timeout_s=300.0)
+    learner = PolicyLearnerGroup(learner_group)
+    rollout = RolloutGroup(TimedGroup("rollout", [FakeRolloutWorker(log, 0, 1)], timeout_s=900.0))
+    open_nccl_sync(learner, rollout, 1 << 20)
+    learner.export_weights()
+    assert learner_group.deadlines["send_weights"] == 900.0 + 300.0  # one rollout call, then the learner's own
+
+
+def test_send_waits_for_the_device_before_walking_the_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolbox.engines import nccl_sync
+
+    log: list = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append(("synchronize", str(device))))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"synchronize": lambda s: None})())
+
+    def walk(model: torch.nn.Module, device: torch.device) -> Any:
+        log.append("gather")
+        yield from ()
+
+    monkeypatch.setattr(nccl_sync, "full_weights", walk)
+    sender = NcclWeightSender(torch.nn.Linear(3, 2), 1, torch.device("cuda", 0))
+    sender.init = NcclSyncInit("h", 1, 2, 64)
+    sender.send()
+    assert log[0] == ("synchronize", "cuda:0") and log[1] == "gather"  # the optimizer step is done before any read

@@ -245,6 +245,10 @@ class NcclWeightSender:
         if weight_manifest(self.model) != self.manifest:
             raise RuntimeError(f"nccl weight sync: learner rank {self.rank}'s weights no longer match the manifest "
                                f"announced to the engines at open (a changed model needs a new group)")
+        if self.device.type == "cuda":
+            # vLLM's producer packs and broadcasts on streams of its own, which do not wait for the optimizer step
+            # queued on this rank's stream: without this the first chunks could carry half-updated parameters.
+            torch.cuda.synchronize(self.device)
         pairs = full_weights(self.model, self.device)
         if self.rank != 0:
             for _ in pairs:  # join each gather; rank 0 sends
