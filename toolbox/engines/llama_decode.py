@@ -55,7 +55,7 @@ def column_major_weights(model: PreTrainedModel) -> int:
     """On a CPU, store every projection weight ``[out, in]`` column-major (strides ``(1, out)``), unless it already
     is; returns how many were moved. ``x @ W.T`` then reads ``W.T`` row by row, which MKL's single-precision GEMM
     does ~20% faster at the decode loop's few rows (a 32-row call of the small and medium benchmark models: -21% CPU,
-    `docs/benchmarks.md`). Values are untouched, so every reader (weight loads, ``state_dict``, transformers'
+    `toolbox bench decode --cases small,medium`). Values are untouched, so every reader (weight loads, ``state_dict``, transformers'
     forward) sees the same model. A weight load may put a weight back in the row-major layout of its bucket (it
     re-points parameters at the bucket's memory): the next call moves it again, one copy per weight version."""
     moved = 0
