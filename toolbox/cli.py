@@ -131,13 +131,13 @@ def registries() -> dict[str, Any]:
     from toolbox.callbacks import CALLBACKS
     from toolbox.data.tasks import TASKS
     from toolbox.engines import ENGINES
-    from toolbox.objectives.registry import OBJECTIVES
+    from toolbox.objectives.registry import LOSS_FAMILIES
     from toolbox.rewards import REWARDS
     from toolbox.rl.advantages import ADVANTAGES
 
     return {"algorithm": ALGORITHMS, "engine": ENGINES, "reward": REWARDS, "task": TASKS,
-            "objective": OBJECTIVES, "advantage": ADVANTAGES, "callback": CALLBACKS, "text_env": TEXT_ENVS,
-            "tool": TOOLS}
+            **{f"{family} loss": losses for family, losses in LOSS_FAMILIES.items()}, "advantage": ADVANTAGES,
+            "callback": CALLBACKS, "text_env": TEXT_ENVS, "tool": TOOLS}
 
 
 def components_markdown() -> str:

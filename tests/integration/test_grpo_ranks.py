@@ -36,7 +36,7 @@ def test_two_fsdp2_ranks_update_like_one(ray_session: None, tiny_model_dir: Path
     batch = engine.generate(requests, SamplingConfig(max_new_tokens=4))
     values = torch.randint(0, 2, (len(batch),), generator=torch.Generator().manual_seed(0)).float()
     rewards = RewardResult(values, torch.zeros(len(batch), dtype=torch.long), [""] * len(batch))
-    algo = GRPOConfig(prompts_per_step=8, group_size=4, kl_coef=0.1, agg=agg, ppo_epochs=2)
+    algo = GRPOConfig(prompts_per_step=8, group_size=4, kl_coef=0.1, loss={"agg": agg}, ppo_epochs=2)
     cfg = LearnerConfig(num_workers=2, strategy="fsdp2", micro_batch_size=4, optim=OptimConfig(lr=1e-3))
 
     single = GRPOLearner(path, "float32", cfg.model_copy(update={"num_workers": 1, "strategy": "single"}), algo, 1)

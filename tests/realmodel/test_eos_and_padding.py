@@ -15,6 +15,7 @@ import torch
 import toolbox.algorithms.grpo.learner as grpo_learner
 from toolbox.data.encode import render_prompt
 from toolbox.engines.base import SamplingConfig
+from toolbox.objectives.registry import PolicyInputs
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import FINISH_STOP, PromptRequest, RolloutBatch
 
@@ -98,12 +99,11 @@ def test_learner_loss_counts_each_eos_and_no_padding(smollm2_learner: Any, batch
     class LossReached(Exception):
         """Ends the update at its first loss call, before the backward pass: the shared learner's weights stay."""
 
-    def spy(logp_BT: torch.Tensor, old: torch.Tensor, ref: Any, adv_B: torch.Tensor, mask_BT: torch.Tensor,
-            token_count: float, *args: Any, **kwargs: Any) -> Any:
-        seen.update(logp=logp_BT.detach().clone(), mask=mask_BT.clone(), tokens=token_count)
+    def spy(loss: Any, x: PolicyInputs, *args: Any) -> Any:
+        seen.update(logp=x.logp_BT.detach().clone(), mask=x.mask_BT.clone(), tokens=x.token_count)
         raise LossReached
 
-    monkeypatch.setattr(grpo_learner, "grpo_loss", spy)
+    monkeypatch.setattr(grpo_learner, "policy_objective", spy)
     rewards = RewardResult(torch.tensor([1.0, 0.0]), torch.zeros(2, dtype=torch.long), ["", ""])
     learner = smollm2_learner
     plan = learner.plan([rows], [rewards])

@@ -32,8 +32,9 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     troubleshooting = (tmp_path / "site" / "troubleshooting" / "index.html").read_text()
     assert "batch arithmetic: algorithm.prompts_per_step x algorithm.group_size" in troubleshooting  # the catalog
+    assert "the multi_turn engine wraps a generating engine" in troubleshooting  # a ValueError an actor raises
     grpo = (tmp_path / "site" / "algorithms" / "grpo" / "index.html").read_text()
-    assert "algorithm.clip_high" in grpo and "digit_add" in grpo  # its fields and its recipe, from the code
+    assert "algorithm.loss.clip_high" in grpo and "digit_add" in grpo  # its fields and its recipe, from the code
 
 
 def test_a_broken_link_or_a_page_outside_the_nav_fails(tmp_path: Path) -> None:

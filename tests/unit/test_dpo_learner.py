@@ -16,6 +16,7 @@ from toolbox.core.errors import ConfigError
 from toolbox.data.offline import RecordSource
 from toolbox.data.tasks import TASKS
 from toolbox.learner.config import LearnerConfig, OptimConfig
+from toolbox.objectives.registry import PREFERENCE_LOSSES
 
 
 def make_learner(model_dir: Path, **algo: object) -> DPOLearner:
@@ -39,7 +40,7 @@ def test_first_step_has_policy_equal_to_reference(tiny_model_dir: Path) -> None:
 
 
 def test_ipo_uses_length_averaged_logps(tiny_model_dir: Path) -> None:
-    learner = make_learner(tiny_model_dir, loss_type="ipo")
+    learner = make_learner(tiny_model_dir, loss={"name": "ipo"})
     chosen, _ = learner.encode(learner.train_data.step(0, 1))[0]
     from toolbox.data.packing import pad_examples
 
@@ -47,10 +48,11 @@ def test_ipo_uses_length_averaged_logps(tiny_model_dir: Path) -> None:
     with torch.no_grad():
         total, mean = sequence_logps(learner.policy.model, batch), sequence_logps(learner.policy.model, batch, average=True)
     assert mean.item() == pytest.approx(total.item() / sum(chosen.loss_mask), rel=1e-6)
-    assert learner.algo.average_logps and not DPOConfig().average_logps
+    assert learner.loss.length_average  # IPO declares it; the default sigmoid does not
+    assert not PREFERENCE_LOSSES.build(DPOConfig().loss).length_average
 
 
-@pytest.mark.parametrize("algo", [{"loss_type": "sigmoid", "label_smoothing": 0.1}, {"loss_type": "ipo"}])
+@pytest.mark.parametrize("algo", [{"loss": {"name": "sigmoid", "label_smoothing": 0.1}}, {"loss": {"name": "ipo"}}])
 def test_micro_batches_of_one_accumulate_to_the_full_batch_gradient(tiny_model_dir: Path, algo: dict) -> None:
     learner = make_learner(tiny_model_dir, **algo)
     # Move the policy off the reference first, so every loss type has a gradient.
@@ -76,9 +78,10 @@ def test_dpo_loss_curve_matches_golden(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("override", "expected"), [
-    ("algorithm.loss_type=sft", "'sft' is a supervised objective; the 'dpo' trainer takes preference objectives: sigmoid, ipo, hinge"),
-    ("algorithm.loss_type=ppo_clip", "'ppo_clip' is a policy objective; the 'dpo' trainer"),
-    ("algorithm.loss_type=kto", "'kto' is not a known objective"),
+    ("algorithm.loss.name=sft", "algorithm.loss.name: 'sft' is a supervised loss; this algorithm takes a preference "
+                                "loss: hinge, ipo, sigmoid"),
+    ("algorithm.loss.name=ppo_clip", "'ppo_clip' is a policy loss; this algorithm takes a preference loss"),
+    ("algorithm.loss.name=kto", "'kto' is not a registered loss of any family"),
     ("algorithm.batch_size=40", "each learner rank gets 20 preference pairs per step, which is not a multiple of "
                                 "learner.micro_batch_size=8"),
 ])
@@ -89,6 +92,7 @@ def test_config_errors(override: str, expected: str) -> None:
 
 
 def test_label_smoothing_is_for_sigmoid_only() -> None:
-    with pytest.raises(ConfigError, match="label_smoothing=0.1 applies to loss_type 'sigmoid' only"):
-        load_config(["experiment=dpo_tiny", "algorithm.loss_type=ipo", "algorithm.label_smoothing=0.1"])
-    assert load_config(["experiment=dpo_tiny", "algorithm.label_smoothing=0.1"]).algorithm.label_smoothing == 0.1
+    with pytest.raises(ConfigError, match=r"algorithm\.loss\.label_smoothing: Extra inputs are not permitted"):
+        load_config(["experiment=dpo_tiny", "algorithm.loss.name=ipo", "algorithm.loss.label_smoothing=0.1"])
+    loss = load_config(["experiment=dpo_tiny", "algorithm.loss.label_smoothing=0.1"]).algorithm.loss
+    assert loss.model_dump() == {"name": "sigmoid", "label_smoothing": 0.1}

@@ -26,8 +26,10 @@ REF_BT = LOGP_BT - torch.tensor([[0.2, 0.4, 9.0], [0.0, -0.2, 0.6]])
 def cfg(**kw) -> dict[str, Any]:  # noqa: ANN003
     """The loss options of a GRPO config (validated by it), as `grpo_loss` keywords."""
     base = {"clip_low": 0.2, "clip_high": 0.3, "kl_coef": 0.1, "kl_kind": "k2", "agg": "token-mean"}
-    GRPOConfig(**{**base, **kw})
-    return {**base, **kw}
+    options = {**base, **kw}
+    loss = {k: options[k] for k in ("clip_low", "clip_high", "agg")}
+    GRPOConfig(kl_coef=options["kl_coef"], kl_kind=options["kl_kind"], loss=loss)
+    return options
 
 
 def test_grpo_loss_hand_case_with_kl() -> None:

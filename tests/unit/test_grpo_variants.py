@@ -45,15 +45,15 @@ def test_split_groups_keeps_groups_whole() -> None:
 def test_variant_experiments_inherit_from_their_base() -> None:
     dapo = load_config(["experiment=dapo_tiny"])
     assert isinstance(dapo.algorithm, GRPOConfig)
-    assert dapo.algorithm.dynamic_sampling and dapo.algorithm.clip_high > dapo.algorithm.clip_low
+    assert dapo.algorithm.dynamic_sampling and dapo.algorithm.loss.clip_high > dapo.algorithm.loss.clip_low
     assert dapo.learner.num_workers == 2 and dapo.task.name == "digit_add"  # from grpo_tiny
     dr = load_config(["experiment=dr_grpo_tiny"])
     assert isinstance(dr.algorithm, GRPOConfig)
-    assert (dr.algorithm.advantage, dr.algorithm.agg) == ("group_mean", "seq-mean-token-sum-norm")
+    assert (dr.algorithm.advantage, dr.algorithm.loss.agg) == ("group_mean", "seq-mean-token-sum-norm")
     # Each variant's YAML was read: its own fields differ from grpo_tiny's (group_norm, token-mean).
     rloo = load_config(["experiment=rloo_tiny"]).algorithm
-    assert isinstance(rloo, GRPOConfig) and (rloo.advantage, rloo.agg) == ("rloo", "seq-mean-token-mean")
+    assert isinstance(rloo, GRPOConfig) and (rloo.advantage, rloo.loss.agg) == ("rloo", "seq-mean-token-mean")
     rpp = load_config(["experiment=reinforce_pp_tiny"]).algorithm
-    assert isinstance(rpp, GRPOConfig) and (rpp.advantage, rpp.agg) == ("reinforce_pp", "token-mean")
+    assert isinstance(rpp, GRPOConfig) and (rpp.advantage, rpp.loss.agg) == ("reinforce_pp", "token-mean")
     base = load_config(["experiment=grpo_tiny"]).algorithm
-    assert isinstance(base, GRPOConfig) and (base.advantage, base.agg) == ("group_norm", "token-mean")
+    assert isinstance(base, GRPOConfig) and (base.advantage, base.loss.agg) == ("group_norm", "token-mean")

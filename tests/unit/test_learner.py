@@ -41,7 +41,8 @@ def rollout(tiny_model_dir: Path) -> tuple[list[RolloutBatch], list[RewardResult
 def make_learner(path: Path, micro: int) -> GRPOLearner:
     cfg = LearnerConfig(num_workers=1, strategy="single", micro_batch_size=micro,
                         optim={"lr": 1e-3, "scheduler": "constant", "max_grad_norm": 100.0})
-    algo = GRPOConfig(prompts_per_step=4, group_size=GROUP, kl_coef=0.1, kl_kind="k3", clip_low=0.2, clip_high=0.28,
+    algo = GRPOConfig(prompts_per_step=4, group_size=GROUP, kl_coef=0.1, kl_kind="k3",
+                      loss={"clip_low": 0.2, "clip_high": 0.28},
                       ppo_epochs=2, mini_batches=2)
     torch.manual_seed(0)
     return GRPOLearner(str(path), "float32", cfg, algo, total_steps=10)

@@ -31,14 +31,14 @@ def test_best_worst_pairs_skip_ties_and_unscored_samples() -> None:
 
 
 def test_wrong_family_loss_names_both_sides() -> None:
-    with pytest.raises(ConfigError, match=r"algorithm\.loss_type: .*'grpo' is a policy objective; the 'online_dpo' trainer "
-                                          r"takes preference objectives"):
-        load_config(["experiment=online_dpo_tiny", "algorithm.loss_type=grpo"])
+    with pytest.raises(ConfigError, match=r"algorithm\.loss\.name: 'ppo_clip' is a policy loss; this algorithm takes a "
+                                          r"preference loss"):
+        load_config(["experiment=online_dpo_tiny", "algorithm.loss.name=ppo_clip"])
 
 
 @pytest.mark.parametrize(("override", "message"), [
     ("algorithm.ppo_epochs=2", r"algorithm\.ppo_epochs: Extra inputs are not permitted \(got 2\)"),
-    ("algorithm.clip_high=0.3", r"algorithm\.clip_high: Extra inputs are not permitted \(got 0\.3\)"),
+    ("algorithm.loss.clip_high=0.3", r"algorithm\.loss\.clip_high: Extra inputs are not permitted \(got 0\.3\)"),
 ])
 def test_policy_loop_fields_are_refused(override: str, message: str) -> None:
     # Online DPO has no PPO epochs and no ratio clipping: such a field is an error naming it, not ignored.
@@ -96,7 +96,7 @@ class _FixedLogits(torch.nn.Module):
 ])
 def test_pair_log_probs_count_only_the_models_own_tokens(tiny_model_dir: Path, loss_type: str, want: float) -> None:
     cfg = LearnerConfig(num_workers=1, strategy="single", micro_batch_size=2)
-    algo = OnlineDPOConfig(prompts_per_step=1, group_size=2, beta=0.5, loss_type=loss_type)
+    algo = OnlineDPOConfig(prompts_per_step=1, group_size=2, beta=0.5, loss={"name": loss_type})
     learner = OnlineDPOLearner(str(tiny_model_dir), "float32", cfg, algo, total_steps=1)
     rows = RolloutBatch(
         prompt_ids_BP=torch.full((2, 2), 3), prompt_mask_BP=torch.ones(2, 2, dtype=torch.long),
@@ -109,5 +109,5 @@ def test_pair_log_probs_count_only_the_models_own_tokens(tiny_model_dir: Path, l
     scale = 0.5 if loss_type == "ipo" else 1.0  # IPO averages over the 2 own tokens of each row
     torch.testing.assert_close(policy, scale * torch.tensor([2 * math.log(1 / 2), 2 * math.log(1 / 6)]))
     torch.testing.assert_close(ref, scale * torch.tensor([2 * math.log(1 / 4)] * 2))
-    loss = dpo_loss(policy[:1], policy[1:], ref[:1], ref[1:], algo.beta, loss_type)  # type: ignore[arg-type]
+    loss = dpo_loss(policy[:1], policy[1:], ref[:1], ref[1:], algo.beta, loss_type)
     assert loss.item() == pytest.approx(want, rel=1e-5)

@@ -69,7 +69,8 @@ def test_grpo_plan_on_two_ranks_deals_the_one_rank_statistics(tiny_model_dir: Pa
 def test_grpo_update_normalises_by_the_plan_width_not_the_rank_width(tiny_model_dir: Path) -> None:
     shards = [shard(0, 4, 3)]
     shards[0].response_mask_BR = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])  # unequal lengths
-    algo = GRPOConfig(prompts_per_step=2, group_size=2, advantage="group_mean", agg="seq-mean-token-sum-norm")
+    algo = GRPOConfig(prompts_per_step=2, group_size=2, advantage="group_mean",
+                      loss={"agg": "seq-mean-token-sum-norm"})
     results = [scores([1.0, 0.0, 0.0, 3.0])]
     losses = []
     for widen in (1, 2):

@@ -154,7 +154,8 @@ def test_grpo_errored_sample_is_out_of_the_loss_and_its_normaliser(tiny_model_di
     # One group of 4, lengths 1, 2, 3, 3; sample 2 errored. group_mean over the scored (1, 0, 0): mean 1/3,
     # advantages (2/3, -1/3, -, -1/3). seq-mean-token-sum, on policy (ratio 1): per sequence -adv * length
     # = (-2/3, 2/3, -, 1); their sum 1 over 3 sequences (4 before: the errored row counted) is 1/3.
-    algo = GRPOConfig(prompts_per_step=1, group_size=4, advantage="group_mean", agg="seq-mean-token-sum")
+    algo = GRPOConfig(prompts_per_step=1, group_size=4, advantage="group_mean",
+                      loss={"agg": "seq-mean-token-sum"})
     cfg = LearnerConfig(num_workers=1, strategy="single", micro_batch_size=2)
     shard = batch([1, 2, 3, 3])
     rewards = result([1.0, 0.0, 77.0, 0.0], {2: "RuntimeError: boom"}, max_error_rate=0.5)

@@ -32,10 +32,10 @@ def grads_with_micro_batch(learner: SFTLearner, micro: int) -> tuple[dict[str, t
     return grads, metrics["loss"]
 
 
-@pytest.mark.parametrize(("packing", "objective"), [(False, "sft"), (True, "sft"), (False, "seq"), (True, "seq")])
+@pytest.mark.parametrize(("packing", "loss"), [(False, "sft"), (True, "sft"), (False, "seq"), (True, "seq")])
 def test_micro_batches_of_one_accumulate_to_the_full_batch_gradient(tiny_model_dir: Path, packing: bool,
-                                                                    objective: str) -> None:
-    learner = make_learner(tiny_model_dir, packing=packing, objective=objective)
+                                                                    loss: str) -> None:
+    learner = make_learner(tiny_model_dir, packing=packing, loss={"name": loss})
     one_by_eight, loss_a = grads_with_micro_batch(learner, 8)
     eight_by_one, loss_b = grads_with_micro_batch(learner, 1)
     assert loss_a == pytest.approx(loss_b, rel=1e-5)
@@ -81,8 +81,10 @@ def test_evaluate_reports_held_out_loss_without_training(tiny_model_dir: Path) -
 
 
 @pytest.mark.parametrize(("override", "expected"), [
-    ("algorithm.objective=sigmoid", "'sigmoid' is a preference objective; the 'sft' trainer takes supervised objectives: sft, seq"),
-    ("algorithm.objective=grpo", "'grpo' is a policy objective; the 'sft' trainer"),
+    ("algorithm.loss.name=sigmoid", "algorithm.loss.name: 'sigmoid' is a preference loss; this algorithm takes a "
+                                    "supervised loss: seq, sft"),
+    ("algorithm.loss.name=ppo_clip", "algorithm.loss.name: 'ppo_clip' is a policy loss; this algorithm takes a "
+                                     "supervised loss"),
     ("algorithm.batch_size=63", "algorithm.batch_size=63 examples do not split over learner.num_workers=2"),
 ])
 def test_config_errors_name_both_sides(override: str, expected: str) -> None:

@@ -1,19 +1,27 @@
-"""Small config pieces that algorithm configs compose: group sampling, policy epochs, clipping, KL, dynamic
-sampling, overlong handling, off-policy correction.
+"""Small config pieces that algorithm configs compose: group sampling, policy epochs, the loss of each family, KL,
+dynamic sampling, overlong handling, off-policy correction.
 
 An algorithm's config class lists the pieces it uses (``class PPOConfig(AlgorithmConfig, GroupSampling,
-PolicyEpochs, Clip, KL)``), never a sibling algorithm's config: with ``extra="forbid"``,
+PolicyEpochs, PolicyLossChoice, KL)``), never a sibling algorithm's config: with ``extra="forbid"``,
 a field of a piece the algorithm does not list is an error at start that names it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
 from toolbox.core.errors import ConfigError
+from toolbox.core.registry import Spec
 from toolbox.objectives.kl import KLKind
+from toolbox.objectives.registry import (
+    POLICY_LOSSES,
+    PREFERENCE_LOSSES,
+    SUPERVISED_LOSSES,
+    VALUE_LOSSES,
+    LossOf,
+)
 
 if TYPE_CHECKING:
     from toolbox.config.schema import ExperimentConfig
@@ -42,11 +50,44 @@ class PolicyEpochs(Piece):
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per epoch (the batch is split into this many).")
 
 
-class Clip(Piece):
-    """The clipped surrogate's ratio range (asymmetric: DAPO's clip-higher)."""
+POLICY_LOSS = LossOf(POLICY_LOSSES, default="ppo_clip")
+PREFERENCE_LOSS = LossOf(PREFERENCE_LOSSES, default="sigmoid")
+SUPERVISED_LOSS = LossOf(SUPERVISED_LOSSES, default="sft")
+VALUE_LOSS = LossOf(VALUE_LOSSES, default="clipped_mse")
 
-    clip_low: float = Field(0.2, ge=0, description="Lower PPO clip range: ratio >= 1 - clip_low.")
-    clip_high: float = Field(0.2, ge=0, description="Upper PPO clip range: ratio <= 1 + clip_high (DAPO's clip-higher).")
+
+class PolicyLossChoice(Piece):
+    """The policy loss (`toolbox.objectives.registry.POLICY_LOSSES`) and its options."""
+
+    loss: Annotated[SerializeAsAny[Spec], POLICY_LOSS] = Field(
+        default_factory=POLICY_LOSS.make_default, description="Policy loss: `name` selects it (default ppo_clip, "
+        "the clipped surrogate; gspo, cispo, or a plugin's), the other keys are its options "
+        "(algorithm.loss.clip_high=0.28).")
+
+
+class PreferenceLossChoice(Piece):
+    """The preference loss (`toolbox.objectives.registry.PREFERENCE_LOSSES`) and its options."""
+
+    loss: Annotated[SerializeAsAny[Spec], PREFERENCE_LOSS] = Field(
+        default_factory=PREFERENCE_LOSS.make_default, description="Preference loss: `name` selects it (default "
+        "sigmoid, DPO's; ipo, hinge, or a plugin's), the other keys are its options.")
+
+
+class SupervisedLossChoice(Piece):
+    """The supervised loss (`toolbox.objectives.registry.SUPERVISED_LOSSES`) and its options."""
+
+    loss: Annotated[SerializeAsAny[Spec], SUPERVISED_LOSS] = Field(
+        default_factory=SUPERVISED_LOSS.make_default, description="Supervised loss: `name` selects it (default sft: "
+        "mean over every target token of the global batch; seq: mean over examples of each example's token mean), "
+        "the other keys are its options.")
+
+
+class ValueLossChoice(Piece):
+    """The critic's loss (`toolbox.objectives.registry.VALUE_LOSSES`) and its options."""
+
+    value_loss: Annotated[SerializeAsAny[Spec], VALUE_LOSS] = Field(
+        default_factory=VALUE_LOSS.make_default, description="Value loss of the critic: `name` selects it (default "
+        "clipped_mse), the other keys are its options.")
 
 
 class KL(Piece):

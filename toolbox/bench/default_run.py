@@ -13,7 +13,7 @@ building the tiny model; for toolbox also Ray and its actors) and its own steps:
   unshuffled) and the same reward (the experiment's ``reward.spec``), with the experiment's hyper-parameters:
   ``prompts_per_step x group_size`` completions per optimizer step in micro-batches of
   ``learner.micro_batch_size``, ``max_new_tokens`` stopping at EOS, temperature, ``kl_coef`` as ``beta`` (TRL's
-  KL is k3), ``clip_low`` / ``clip_high`` as ``epsilon`` / ``epsilon_high``, TRL's token-mean ``dapo`` loss,
+  KL is k3), ``loss.clip_low`` / ``loss.clip_high`` as ``epsilon`` / ``epsilon_high``, TRL's token-mean ``dapo`` loss,
   AdamW with the experiment's lr, schedule, warm-up, weight decay and gradient clip; no checkpoints, no logging.
 
 Printed per run: launch -> end of step 1, launch -> exit, the training time after step 1 and its seconds per step,
@@ -67,7 +67,7 @@ def trl_spec(overrides: list[str], steps: int) -> dict[str, Any]:
                   "lr": optim.lr},
         "settings": {"per_device_train_batch_size": micro, "gradient_accumulation_steps": rows // micro,
                      "generation_kwargs": {}, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                     "beta": getattr(alg, "kl_coef", 0.0), "epsilon": alg.clip_low, "epsilon_high": alg.clip_high,
+                     "beta": getattr(alg, "kl_coef", 0.0), "epsilon": alg.loss.clip_low, "epsilon_high": alg.loss.clip_high,
                      "loss_type": "dapo", "lr_scheduler_type": optim.scheduler, "warmup_steps": optim.warmup_steps,
                      "weight_decay": optim.weight_decay, "max_grad_norm": optim.max_grad_norm, "seed": cfg.trainer.seed},
     }

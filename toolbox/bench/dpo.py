@@ -22,7 +22,7 @@ def run_toolbox(args: argparse.Namespace, model_dir: str) -> Timing:
 
     cfg = LearnerConfig(num_workers=1, strategy="single", micro_batch_size=args.batch_size,
                         optim=OptimConfig(lr=1e-4, scheduler="constant"))
-    algo = DPOConfig(batch_size=args.batch_size, max_length=args.max_length, loss_type=args.loss_type, beta=0.1)
+    algo = DPOConfig(batch_size=args.batch_size, max_length=args.max_length, loss={"name": args.loss_type}, beta=0.1)
     learner = DPOLearner(model_dir, "float32", cfg, algo, args.warmup + args.steps,
                          task={"name": "digit_add", "max_operand": args.max_operand}, seed=0)
     return run_learner(learner, args)

@@ -106,7 +106,7 @@ class Registry(Generic[T]):
                 model = config
             else:
                 bases = (Spec,) if config is None else (config, Spec)
-                title = "".join(part.title() for part in name.split("_")) + self.kind.title() + "Spec"
+                title = "".join(part.title() for part in f"{name} {self.kind}".replace("_", " ").split()) + "Spec"
                 tag = cast(Any, Literal)[name]
                 model = create_model(title, __base__=bases, __module__=__name__,
                                      name=(tag, Field(name, description=f"Selects the {self.kind} {name!r}.")))
@@ -238,3 +238,4 @@ def load_plugins() -> None:
 
 
 format_validation_error = _format_validation
+spec_error = _error

@@ -1,4 +1,5 @@
-"""Supervised (next-token) losses over masked tokens. The single source of this math.
+"""Supervised (next-token) losses over masked tokens, the ``sft`` and ``seq`` supervised losses. The single source
+of this math.
 
 Logits at position ``t`` score ``labels[t]``: callers align them first (`shift_targets`).
 Normalisers can be passed in, so a micro-batch is divided by the token (or document)
@@ -10,9 +11,11 @@ parallelism give the same gradient as one big batch. Log-probs come from
 from __future__ import annotations
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from toolbox.models.logprobs import token_logprobs
 from toolbox.objectives.aggregate import aggregate
+from toolbox.objectives.registry import SUPERVISED_LOSSES
 
 
 def shift_targets(input_ids_BT: torch.Tensor, loss_mask_BT: torch.Tensor,
@@ -76,3 +79,41 @@ def document_mean_nll(logits_BTV: torch.Tensor, labels_BT: torch.Tensor, mask_BT
     if doc_count is None:
         doc_count = float(weights_BT.sum())
     return (token_nll(logits_BTV, labels_BT, label_smoothing) * weights_BT).sum() / max(float(doc_count), 1.0)
+
+
+def document_count(doc_ids_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
+    """How many documents of ``doc_ids_BT`` have a loss token in ``mask_BT`` (0 for an empty batch)."""
+    return float(round(float(document_weights(doc_ids_BT, mask_BT).sum()))) if mask_BT.numel() else 0.0
+
+
+class _Smoothed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    label_smoothing: float = Field(0.0, ge=0, lt=1, description="Cross-entropy label smoothing e: the target puts "
+                                   "e/V on every token of the vocabulary and 1 - e more on the label.")
+
+
+class TokenMean(_Smoothed):
+    """Mean NLL over every target token of the global batch: a long example weighs more (`masked_nll`)."""
+
+    def count(self, mask_BT: torch.Tensor, doc_ids_BT: torch.Tensor) -> float:
+        return float(mask_BT.sum())
+
+    def __call__(self, logits_BTV: torch.Tensor, labels_BT: torch.Tensor, mask_BT: torch.Tensor,
+                 doc_ids_BT: torch.Tensor, norm: float) -> torch.Tensor:
+        return masked_nll(logits_BTV, labels_BT, mask_BT, token_count=norm, label_smoothing=self.label_smoothing)
+
+
+class DocumentMean(_Smoothed):
+    """Mean over documents of each document's mean token NLL: every example weighs the same (`document_mean_nll`)."""
+
+    def count(self, mask_BT: torch.Tensor, doc_ids_BT: torch.Tensor) -> float:
+        return document_count(doc_ids_BT, mask_BT)
+
+    def __call__(self, logits_BTV: torch.Tensor, labels_BT: torch.Tensor, mask_BT: torch.Tensor,
+                 doc_ids_BT: torch.Tensor, norm: float) -> torch.Tensor:
+        return document_mean_nll(logits_BTV, labels_BT, mask_BT, doc_ids_BT, doc_count=norm,
+                                 label_smoothing=self.label_smoothing)
+
+
+SUPERVISED_LOSSES.register("sft", config=TokenMean)(TokenMean)
+SUPERVISED_LOSSES.register("seq", config=DocumentMean)(DocumentMean)

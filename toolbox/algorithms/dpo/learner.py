@@ -2,8 +2,8 @@
 
 A micro-batch of ``m`` pairs is one forward of ``2m`` rows (chosen rows, then
 rejected rows) through the policy and, without gradients, through the reference.
-Per-pair losses come from `toolbox.objectives.preference.dpo_loss` and are summed
-and divided by the global number of pairs, so accumulation and data parallelism
+Per-pair losses come from the preference loss the config selects (``algorithm.loss``,
+`toolbox.objectives.registry.PREFERENCE_LOSSES`) and are summed and divided by the global number of pairs, so accumulation and data parallelism
 reproduce the one-big-batch gradient.
 """
 
@@ -24,7 +24,8 @@ from toolbox.learner.config import LearnerConfig
 from toolbox.learner.offline import OfflineLearner
 from toolbox.learner.rows import chunks_of
 from toolbox.models.logprobs import token_logprobs
-from toolbox.objectives.preference import dpo_loss, implicit_rewards
+from toolbox.objectives.preference import implicit_rewards
+from toolbox.objectives.registry import PREFERENCE_LOSSES, PairLogps
 from toolbox.objectives.supervised import shift_targets
 
 
@@ -46,6 +47,7 @@ class DPOLearner(OfflineLearner):
                  task: dict[str, Any], seed: int = 0) -> None:
         super().__init__(model_path, dtype, cfg, algo, total_steps, task, seed, frozen_reference=True)
         self.algo = algo
+        self.loss = PREFERENCE_LOSSES.build(algo.loss)
 
     def encode(self, records: list[Record]) -> list[tuple[Example, Example]]:
         a = self.algo
@@ -74,12 +76,13 @@ class DPOLearner(OfflineLearner):
     def _pair_terms(self, batch: TokenBatch, m: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per-pair losses of a ``2m``-row batch and the detached per-pair metrics."""
         a = self.algo
-        logps = sequence_logps(self.policy.model, batch, a.average_logps)
+        average = self.loss.length_average
+        logps = sequence_logps(self.policy.model, batch, average)
         assert self.policy.ref is not None
         with torch.no_grad():
-            ref_logps = sequence_logps(self.policy.ref, batch, a.average_logps)
+            ref_logps = sequence_logps(self.policy.ref, batch, average)
         pc, pr, rc, rr = logps[:m], logps[m:], ref_logps[:m], ref_logps[m:]
-        loss = dpo_loss(pc, pr, rc, rr, a.beta, a.loss_type, a.label_smoothing)  # type: ignore[arg-type]
+        loss = self.loss(PairLogps(pc, pr, rc, rr), a.beta)
         chosen_r, rejected_r = implicit_rewards(pc.detach(), rc, a.beta), implicit_rewards(pr.detach(), rr, a.beta)
         terms = {"accuracy": (chosen_r > rejected_r).float(), "margin": chosen_r - rejected_r,
                  "chosen_reward": chosen_r, "rejected_reward": rejected_r,

@@ -1,9 +1,9 @@
 """The GRPO section: group-relative advantages, clipped surrogate, KL to a reference, and DAPO's options.
 
-One config covers GRPO and its variants by choice of advantage estimator, clip range
-and aggregation (Dr. GRPO: ``advantage=group_mean, agg=seq-mean-token-sum-norm``;
-DAPO: ``clip_high > clip_low``, ``dynamic_sampling``, ``overlong_buffer`` /
-``overlong_filter``; RLOO: ``advantage=rloo``; REINFORCE++: ``advantage=reinforce_pp``).
+One config covers GRPO and its variants by choice of advantage estimator and policy loss with its clip range and
+aggregation (Dr. GRPO: ``advantage=group_mean, loss.agg=seq-mean-token-sum-norm``; DAPO: ``loss.clip_high >
+loss.clip_low``, ``dynamic_sampling``, ``overlong_buffer`` / ``overlong_filter``; RLOO: ``advantage=rloo``;
+REINFORCE++: ``advantage=reinforce_pp``; GSPO: ``loss.name=gspo``; CISPO: ``loss.name=cispo``).
 """
 
 from __future__ import annotations
@@ -14,18 +14,17 @@ from pydantic import Field
 
 from toolbox.algorithms.pieces import (
     KL,
-    Clip,
     DynamicSampling,
     GroupSampling,
     OffPolicy,
     Overlong,
     PolicyEpochs,
+    PolicyLossChoice,
     check_off_policy,
     check_rollout_batch,
 )
 from toolbox.config.algorithm import AlgorithmConfig
 from toolbox.core.errors import ConfigError
-from toolbox.objectives.aggregate import Aggregation
 
 if TYPE_CHECKING:
     from toolbox.config.schema import ExperimentConfig
@@ -33,12 +32,12 @@ if TYPE_CHECKING:
 POLICY_ROLES = ("rollout", "reward", "learner")  # what the online policy wiring builds, in order
 
 
-class GRPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, Clip, KL, DynamicSampling, Overlong, OffPolicy):
+class GRPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, PolicyLossChoice, KL, DynamicSampling, Overlong,
+                 OffPolicy):
     """The algorithm section of a GRPO experiment (and its variants)."""
 
     name: Literal["grpo"] = Field("grpo", description="Algorithm: selects the config, learner, loop and wiring.")
     advantage: str = Field("group_norm", description="Advantage estimator: group_norm, group_mean, rloo, reinforce_pp.")
-    agg: Aggregation = Field("token-mean", description="How per-token losses reduce to a scalar.")
     roles: ClassVar[tuple[str, ...]] = POLICY_ROLES
 
     def check(self, exp: ExperimentConfig) -> None:

@@ -20,7 +20,8 @@ from toolbox.learner.config import LearnerConfig
 from toolbox.learner.packed import RowForwards, balanced_shares
 from toolbox.learner.policy import PolicyRank
 from toolbox.learner.rows import chunks_of, mean_stats, mini_batches, no_grad_rows
-from toolbox.objectives.grpo import grpo_loss
+from toolbox.objectives.policy import policy_objective
+from toolbox.objectives.registry import POLICY_LOSSES, PolicyInputs
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.advantages import grpo_advantages, overlong_shaping
 from toolbox.rl.batch import FINISH_LENGTH, RolloutBatch
@@ -46,6 +47,7 @@ class GRPOLearner:
         self.policy = PolicyRank.pretrained(model_path, dtype, cfg, total_steps * algo.ppo_epochs * algo.mini_batches,
                                             frozen_reference=algo.kl_coef > 0)
         self.forwards = RowForwards.of(self.policy, cfg.packing, algo.temperature, cfg.share_prompts)
+        self.loss = POLICY_LOSSES.build(algo.loss)
 
     def plan(self, shards: list[RolloutBatch], results: list[RewardResult],
              keep_groups: list[int] | None = None) -> GRPOPlan:
@@ -113,12 +115,11 @@ class GRPOLearner:
             logp = self.forwards.logprobs(self.policy.model, part)
             old = logp.detach() if old_logp is None else old_logp[mb]
             ref = None if ref_logp is None else ref_logp[mb]
-            terms = grpo_loss(logp, old, ref, adv_B[mb], part.loss_mask_BR, tokens, seqs, norm_length,
-                              clip_low=a.clip_low, clip_high=a.clip_high, agg=a.agg, kl_coef=a.kl_coef, kl_kind=a.kl_kind,
-                              behaviour_logp_BT=part.logprobs_BR, tis_cap=a.tis_cap or 0.0)
+            x = PolicyInputs(logp, old, adv_B[mb], part.loss_mask_BR, tokens, seqs, norm_length, part.logprobs_BR,
+                             a.tis_cap or 0.0)
+            terms = policy_objective(self.loss, x, ref, a.kl_coef, a.kl_kind)
             terms.loss.backward()
-            for k, v in (("pg_loss", terms.pg_loss), ("kl", terms.kl), ("clip_frac", terms.clip_frac),
-                         ("loss", float(terms.loss.detach())), *terms.off_policy.items()):
+            for k, v in {**terms.metrics, "loss": float(terms.loss.detach())}.items():
                 totals[k] += v
         for k, v in {**totals, **self.policy.optimizer_step()}.items():
             stats[k].append(v)

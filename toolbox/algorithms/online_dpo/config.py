@@ -4,32 +4,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from toolbox.algorithms.grpo.config import POLICY_ROLES
-from toolbox.algorithms.pieces import GroupSampling, check_rollout_batch
+from toolbox.algorithms.pieces import GroupSampling, PreferenceLossChoice, check_rollout_batch
 from toolbox.config.algorithm import AlgorithmConfig
 from toolbox.core.errors import ConfigError
-from toolbox.objectives.families import check_objective
 
 if TYPE_CHECKING:
     from toolbox.config.schema import ExperimentConfig
 
 
-class OnlineDPOConfig(AlgorithmConfig, GroupSampling):
+class OnlineDPOConfig(AlgorithmConfig, GroupSampling, PreferenceLossChoice):
     """The algorithm section of an online DPO experiment (``group_size`` >= 2 samples per prompt)."""
 
     name: Literal["online_dpo"] = Field("online_dpo", description="Algorithm: selects the config, learner, loop and wiring.")
     group_size: int = Field(4, ge=2, description="Samples per prompt; the best and worst by reward form a pair.")
-    loss_type: str = Field("sigmoid", description="Preference loss: 'sigmoid' (DPO), 'ipo' or 'hinge'.")
     beta: float = Field(0.1, gt=0, description="Strength of the implicit KL to the frozen reference.")
-    label_smoothing: float = Field(0.0, ge=0, le=0.5, description="Conservative DPO: probability a label is flipped (sigmoid only).")
     roles: ClassVar[tuple[str, ...]] = POLICY_ROLES
-
-    @field_validator("loss_type")
-    @classmethod
-    def _preference(cls, value: str) -> str:
-        return check_objective(value, "preference", "online_dpo")
 
     def check(self, exp: ExperimentConfig) -> None:
         workers = exp.learner.num_workers

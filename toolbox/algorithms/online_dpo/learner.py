@@ -18,7 +18,8 @@ from toolbox.learner.policy import PolicyRank
 from toolbox.learner.rows import chunks_of, no_grad_rows
 from toolbox.models.logprobs import response_logprobs
 from toolbox.objectives.online_dpo import best_worst_pairs, sequence_logps
-from toolbox.objectives.preference import dpo_loss, preference_logits
+from toolbox.objectives.preference import preference_logits
+from toolbox.objectives.registry import PREFERENCE_LOSSES, PairLogps
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import RolloutBatch
 from toolbox.rl.plan import StepPlan, read_step
@@ -47,6 +48,7 @@ class OnlineDPOLearner:
         self.cfg, self.algo = cfg, algo
         # DPO always measures the policy against the frozen reference.
         self.policy = PolicyRank.pretrained(model_path, dtype, cfg, total_steps, frozen_reference=True)
+        self.loss = PREFERENCE_LOSSES.build(algo.loss)
 
     def plan(self, shards: list[RolloutBatch], results: list[RewardResult],
              keep_groups: list[int] | None = None) -> OnlineDPOPlan:
@@ -71,7 +73,7 @@ class OnlineDPOLearner:
         a = self.algo
         for mb in chunks_of(slice(0, len(chosen)), self.cfg.micro_batch_size):
             pc, pr = (self._seq_logps(self.policy.model, rows.select(mb)) for rows in (chosen, rejected))
-            losses = dpo_loss(pc, pr, ref_c[mb], ref_r[mb], a.beta, a.loss_type, a.label_smoothing)  # type: ignore[arg-type]
+            losses = self.loss(PairLogps(pc, pr, ref_c[mb], ref_r[mb]), a.beta)
             w = weight[mb]
             # Normalised by the global number of informative pairs; x world because ranks' gradients are averaged.
             (losses * w).sum().mul(world() / max(pairs, 1.0)).backward()
@@ -87,10 +89,10 @@ class OnlineDPOLearner:
         return metrics
 
     def _seq_logps(self, model: torch.nn.Module, part: RolloutBatch) -> torch.Tensor:
-        """The model's own tokens' log-probs summed (environment tokens of multi-turn rows excluded); IPO on
-        length-averaged log-probs, as its authors do."""
+        """The model's own tokens' log-probs summed (environment tokens of multi-turn rows excluded), or averaged
+        when the loss says so (IPO, as its authors use it)."""
         logp_BR = response_logprobs(model, part, self.algo.temperature)
-        return sequence_logps(logp_BR, part.loss_mask_BR, length_average=self.algo.loss_type == "ipo")
+        return sequence_logps(logp_BR, part.loss_mask_BR, length_average=self.loss.length_average)
 
     def _ref_seq_logps(self, part: RolloutBatch) -> torch.Tensor:
         ref = self.policy.ref

@@ -1,4 +1,5 @@
-"""The language-model PPO section: a critic, token-level GAE, clipped policy and value losses, KL in reward or loss."""
+"""The language-model PPO section: a critic, token-level GAE, policy and value losses (clipped by default), KL in
+reward or loss."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from pydantic import Field
 from toolbox.algorithms.grpo.config import POLICY_ROLES
 from toolbox.algorithms.pieces import (
     KL,
-    Clip,
     GroupSampling,
     OffPolicy,
     PolicyEpochs,
+    PolicyLossChoice,
+    ValueLossChoice,
     check_off_policy,
     check_rollout_batch,
 )
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     from toolbox.config.schema import ExperimentConfig
 
 
-class PPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, Clip, KL, OffPolicy):
+class PPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, PolicyLossChoice, ValueLossChoice, KL, OffPolicy):
     """The algorithm section of a language-model PPO experiment (``group_size`` may be 1)."""
 
     name: Literal["ppo"] = Field("ppo", description="Algorithm: selects the config, learner, loop and wiring.")
@@ -31,7 +33,6 @@ class PPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, Clip, KL, OffPolic
     gamma: float = Field(1.0, ge=0, le=1, description="Discount over response tokens.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda over response tokens.")
     vf_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
-    value_clip: float = Field(0.2, ge=0, description="Clip value updates to +-value_clip around the old values (0: off).")
     kl_in_reward: bool = Field(True, description="Subtract kl_coef * KL per token from the reward (else: a loss term).")
     critic_lr: float = Field(1e-3, gt=0, description="Learning rate of the critic.")
     whiten_advantages: bool = Field(True, description="Normalise advantages over the batch's response tokens.")

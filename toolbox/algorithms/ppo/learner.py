@@ -24,9 +24,9 @@ from toolbox.learner.strategy import Placement, wrap
 from toolbox.models.value import load_value_model
 from toolbox.objectives.aggregate import aggregate
 from toolbox.objectives.kl import kl_penalty
-from toolbox.objectives.policy import clipped_policy_terms, off_policy_correction
+from toolbox.objectives.policy import policy_objective
 from toolbox.objectives.ppo_lm import token_gae, token_rewards
-from toolbox.objectives.value import clipped_value_terms
+from toolbox.objectives.registry import POLICY_LOSSES, VALUE_LOSSES, PolicyInputs
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import RolloutBatch
 from toolbox.rl.plan import StepPlan, read_step
@@ -64,8 +64,10 @@ class PPOLearner:
         self.policy = PolicyRank.pretrained(model_path, dtype, cfg, steps, frozen_reference=algo.kl_coef > 0)
         self.critic = self.policy.attach("critic", wrap(load_value_model(model_path, dtype).train(), cfg.strategy,
                                                          Placement.of(cfg)),
-                                         cfg.optim.model_copy(update={"lr": algo.critic_lr}), steps)
+                                         cfg.critic_optim or cfg.optim.model_copy(update={"lr": algo.critic_lr}),
+                                         steps)
         self.forwards = RowForwards.of(self.policy, cfg.packing, algo.temperature, cfg.share_prompts)
+        self.loss, self.value_loss = POLICY_LOSSES.build(algo.loss), VALUE_LOSSES.build(algo.value_loss)
 
     def plan(self, shards: list[RolloutBatch], results: list[RewardResult],
              keep_groups: list[int] | None = None) -> PPOPlan:
@@ -115,30 +117,28 @@ class PPOLearner:
     def _ppo_step(self, ro: _Rollout, rows: slice, stats: dict[str, list[float]]) -> None:
         a, batch = self.algo, ro.batch
         # Policy terms count the model's own tokens (loss mask); the critic values every response token.
-        actions, steps = global_sum([float(batch.loss_mask_BR[rows].sum()), float(batch.response_mask_BR[rows].sum())])
-        actions, steps = actions / world(), steps / world()
+        actions, steps, seqs = global_sum([float(batch.loss_mask_BR[rows].sum()),
+                                           float(batch.response_mask_BR[rows].sum()),
+                                           float((batch.loss_mask_BR[rows].sum(dim=1) > 0).sum())])
+        actions, steps, seqs = actions / world(), steps / world(), seqs / world()
+        width = float(batch.response_mask_BR.shape[1])
         totals: dict[str, float] = defaultdict(float)
         for mb in chunks_of(rows, self.cfg.micro_batch_size):
             part = batch.select(mb)
-            m = part.loss_mask_BR
             logp = self.forwards.logprobs(self.policy.model, part)
             old = logp.detach() if ro.old_logp is None else ro.old_logp[mb]
-            pg_BT, clipped_BT = clipped_policy_terms(logp, old, ro.adv[mb], a.clip_low, a.clip_high)
-            pg_BT, off_policy = off_policy_correction(pg_BT, old, part.logprobs_BR, a.tis_cap or 0.0, m, actions)
-            pg = aggregate(pg_BT, m, "token-mean", token_count=actions)
+            x = PolicyInputs(logp, old, ro.adv[mb], part.loss_mask_BR, actions, seqs, width, part.logprobs_BR,
+                             a.tis_cap or 0.0)
+            # With the KL in the reward there is no KL term in the loss.
+            ref = None if ro.ref_logp is None or a.kl_in_reward else ro.ref_logp[mb]
+            terms = policy_objective(self.loss, x, ref, a.kl_coef, a.kl_kind)
             values = self.forwards.values(self.critic.module, part)
-            vf = aggregate(clipped_value_terms(values, ro.old_values[mb], ro.ret[mb], a.value_clip),
-                           part.response_mask_BR, "token-mean", token_count=steps)
-            loss = pg + a.vf_coef * vf
-            if ro.ref_logp is not None and not a.kl_in_reward and a.kl_coef > 0:
-                loss = loss + a.kl_coef * aggregate(kl_penalty(logp, ro.ref_logp[mb], a.kl_kind), m, "token-mean",
-                                                    token_count=actions)
+            vf = aggregate(self.value_loss(values, ro.old_values[mb], ro.ret[mb]), part.response_mask_BR,
+                           "token-mean", token_count=steps)
+            loss = terms.loss + a.vf_coef * vf
             loss.backward()
-            totals["pg_loss"] += float(pg.detach())
-            totals["vf_loss"] += float(vf.detach())
-            totals["loss"] += float(loss.detach())
-            totals["clip_frac"] += float(aggregate(clipped_BT, m, "token-mean", token_count=actions))
-            for k, v in off_policy.items():
+            terms.metrics.pop("kl")  # the step's KL is measured once, over all its rows (`update`)
+            for k, v in {**terms.metrics, "vf_loss": float(vf.detach()), "loss": float(loss.detach())}.items():
                 totals[k] += v
         for k, v in {**totals, **self.policy.optimizer_step()}.items():
             stats[k].append(v)

@@ -1,8 +1,8 @@
 """`SFTLearner`: supervised fine-tuning on one rank — masked next-token loss, optional packing.
 
-The loss of every micro-batch is divided by the *global* count of target tokens
-(``sft``) or documents (``seq``) of the step, so micro-batch accumulation and data
-parallelism both reproduce the gradient of one big batch. Packed rows differ in
+The loss (``algorithm.loss``: `toolbox.objectives.registry.SUPERVISED_LOSSES`) of every micro-batch is divided by
+the *global* count of what the loss averages over (target tokens for ``sft``, documents for ``seq``) of the step, so
+micro-batch accumulation and data parallelism both reproduce the gradient of one big batch. Packed rows differ in
 number between ranks, so every rank runs as many micro-batches as the busiest one
 (the extra ones are empty): FSDP's collectives must line up.
 """
@@ -21,7 +21,8 @@ from toolbox.learner.collective import global_max, global_sum
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.offline import OfflineLearner
 from toolbox.learner.rows import chunks_of
-from toolbox.objectives.supervised import document_mean_nll, document_weights, masked_nll, shift_targets
+from toolbox.objectives.registry import SUPERVISED_LOSSES
+from toolbox.objectives.supervised import document_count, shift_targets
 
 
 class SFTLearner(OfflineLearner):
@@ -33,6 +34,7 @@ class SFTLearner(OfflineLearner):
                  task: dict[str, Any], seed: int = 0) -> None:
         super().__init__(model_path, dtype, cfg, algo, total_steps, task, seed)
         self.algo = algo
+        self.loss = SUPERVISED_LOSSES.build(algo.loss)
         if algo.packing:
             check_packing(self.policy.model, len(self.tokenizer))
 
@@ -48,10 +50,11 @@ class SFTLearner(OfflineLearner):
     def accumulate(self, records: list[Record], backward: bool) -> dict[str, float]:
         batch = self.collate(records)
         _, mask_BT = shift_targets(batch.input_ids_BT, batch.loss_mask_BT, batch.doc_ids_BT)
-        docs = float(round(float(document_weights(batch.doc_ids_BT[:, 1:], mask_BT).sum()))) if len(batch) else 0.0
-        tokens_all, docs_all = global_sum([float(mask_BT.sum()), docs])
+        doc_ids_BT = batch.doc_ids_BT[:, 1:]
+        tokens_all, docs_all, norm_all = global_sum([float(mask_BT.sum()), document_count(doc_ids_BT, mask_BT),
+                                                     self.loss.count(mask_BT, doc_ids_BT)])
         # This rank's share of the global normaliser: gradients are averaged over ranks.
-        norm = (tokens_all if self.algo.objective == "sft" else docs_all) / self.world
+        norm = norm_all / self.world
         parts = [batch.select(rows) for rows in chunks_of(slice(0, len(batch)), self.cfg.micro_batch_size)]
         parts += [self._empty_batch(batch.packed)] * (int(global_max(len(parts))) - len(parts))
         loss = aux = 0.0
@@ -69,7 +72,7 @@ class SFTLearner(OfflineLearner):
         return metrics
 
     def _part_loss(self, part: TokenBatch, norm: float, n_parts: int) -> tuple[torch.Tensor, float]:
-        """One micro-batch's share of the loss (label-smoothed NLL, plus the MoE router loss / ``n_parts`` when
+        """One micro-batch's share of the loss (the supervised loss, plus the MoE router loss / ``n_parts`` when
         enabled; ranks run equally many parts, so the ranks' average is the mean over forwards) and its raw
         router loss (0 when off)."""
         a = self.algo
@@ -77,11 +80,7 @@ class SFTLearner(OfflineLearner):
         extra = {"output_router_logits": True} if a.moe_aux_loss_coef else {}
         out = self.policy.model(**part.model_inputs(), **extra)
         logits = out.logits[:, :-1]
-        if a.objective == "sft":
-            value = masked_nll(logits, labels, mask, token_count=norm, label_smoothing=a.label_smoothing)
-        else:
-            value = document_mean_nll(logits, labels, mask, part.doc_ids_BT[:, 1:], doc_count=norm,
-                                      label_smoothing=a.label_smoothing)
+        value = self.loss(logits, labels, mask, part.doc_ids_BT[:, 1:], norm)
         if not a.moe_aux_loss_coef:
             return value, 0.0
         aux_loss = getattr(out, "aux_loss", None)
