@@ -2,9 +2,12 @@
 
 - ``<!-- config-fields: NAME -->`` becomes the table of algorithm NAME's config fields (its pydantic model,
   through `toolbox.cli.config_rows`, the function that writes docs/configuration.md).
-- ``<!-- error-catalog -->`` becomes every error message the code raises on purpose (``ConfigError``,
-  ``WorkerError``, ``RowError``, ``RegistryError``), read from the source with `ast`: the literal parts of
-  each message, with ``…`` where a value is filled in at run time, and the file and line that raise it.
+- ``<!-- error-catalog -->`` becomes every error message the code raises with a message of its own: toolbox's
+  errors (``ConfigError``, ``WorkerError``, ``RowError``, ``RegistryError``), the command line's ``SystemExit``
+  messages, and the built-in exceptions a library call raises to its caller (``ValueError``, ``RuntimeError``,
+  ...; inside an actor they reach the user as ``<role> rank <r> ... raised: ValueError: ...``). Each is read
+  from the source with `ast`: the literal parts of the message, with ``…`` where a value is filled in at run
+  time, and the file and line that raise it.
 
 Runs offline (no network): it imports toolbox and reads files of this checkout.
 """
@@ -17,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-ERRORS = {"ConfigError", "WorkerError", "RowError", "RegistryError"}
+ERRORS = {"ConfigError", "WorkerError", "RowError", "RegistryError", "SystemExit", "ValueError", "RuntimeError",
+          "TypeError", "FileNotFoundError", "ImportError", "TimeoutError"}
 FIELDS = re.compile(r"<!-- config-fields: (\w+) -->")
 CATALOG = "<!-- error-catalog -->"
 
