@@ -48,8 +48,9 @@ class LearnerConfig(BaseModel):
     )
     mixed_precision: Literal["fp32", "bf16"] = Field(
         "fp32",
-        description="'bf16' (fsdp2 only): FSDP2 MixedPrecisionPolicy with bf16 gathered parameters and compute, "
-        "fp32 gradient reduction; sharded parameters and AdamW state stay fp32. Also runs on cpu.",
+        description="'bf16': bf16 compute, fp32 parameters, gradients and AdamW state. fsdp2: FSDP2 "
+        "MixedPrecisionPolicy (bf16 gathered parameters, fp32 gradient reduction); single: torch.autocast to bf16 "
+        "around the forward. Also runs on cpu. Not with ddp.",
     )
     activation_checkpointing: bool = Field(
         False, description="Recompute each decoder block's activations in backward (less memory, ~1/3 more compute)."
@@ -100,10 +101,11 @@ class LearnerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _fsdp2_only(self) -> LearnerConfig:
-        for name, off in (("mixed_precision", "fp32"), ("offload", "none")):
-            if getattr(self, name) != off and self.strategy != "fsdp2":
-                raise ValueError(f"learner.{name}: {getattr(self, name)!r} needs learner.strategy: fsdp2 (FSDP2's "
-                                 f"policies implement it), not {self.strategy!r}; use {off!r} or fsdp2")
+        # One rank computes in bf16 under autocast; offload and DDP have no such path.
+        for name, off, takes in (("mixed_precision", "fp32", ("fsdp2", "single")), ("offload", "none", ("fsdp2",))):
+            if getattr(self, name) != off and self.strategy not in takes:
+                raise ValueError(f"learner.{name}: {getattr(self, name)!r} needs learner.strategy "
+                                 f"{' or '.join(takes)}, not {self.strategy!r}; use {off!r} or fsdp2")
         if self.offload_while_generating and (self.strategy == "ddp" or self.offload != "none"):
             why = ("DDP's reducer keeps its gradient buckets on the GPU it was built on" if self.strategy == "ddp"
                    else f"learner.offload: {self.offload!r} already keeps the state in host memory")

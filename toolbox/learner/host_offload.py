@@ -86,8 +86,11 @@ class HostOffload:
 
 
 def _cuda_home(module: nn.Module) -> torch.device | None:
-    """The CUDA device ``module``'s parameters live on, or None (on the CPU, or offloaded by FSDP2 for good)."""
-    devices = {t.device for t in [*module.parameters(), *module.buffers()]}
+    """The CUDA device ``module``'s parameters live on, or None (on the CPU, or offloaded by FSDP2 for good).
+
+    Parameters only: a module FSDP2 offloads keeps its buffers (rotary frequencies) on the GPU, and moving it back
+    "home" would copy the whole offloaded reference through the GPU every step."""
+    devices = {t.device for t in module.parameters()}
     cuda = [d for d in devices if d.type == "cuda"]
     if len(cuda) > 1:
         raise RuntimeError(f"learner.offload_while_generating: a module spans several GPUs {sorted(map(str, cuda))}; "

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from toolbox.data.packing import TokenBatch, check_packing, first_fit
+from toolbox.data.packing import TokenBatch, check_packing, first_fit, logit_tolerance
 from toolbox.learner.collective import global_sum
 from toolbox.models.logprobs import response_logprobs, token_logprobs
 from toolbox.models.value import response_values
@@ -389,8 +389,6 @@ def shared_prompts_unsupported(model: nn.Module) -> str | None:
 def check_shared_prompts(model: nn.Module, vocab_size: int, forwards: RowForwards, tol: float | None = None) -> None:
     """Raise if ``model`` gives two responses that share a packed prompt other log-probs than padded rows do (its
     forward ignores the 4-D mask). ``tol``: as `check_packing`'s."""
-    if tol is None:
-        tol = 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab_size, (1, 3), generator=gen).expand(2, 3)
     response = torch.randint(0, vocab_size, (2, 3), generator=gen)
@@ -403,6 +401,7 @@ def check_shared_prompts(model: nn.Module, vocab_size: int, forwards: RowForward
         with torch.no_grad():
             packed = pack_rows(rows, forwards.pad_id, share_prompts=True)
             logits = model(**packed.model_inputs(forwards.mask_dtype)).logits
+            tol = logit_tolerance(logits) if tol is None else tol
             shared = packed.to_BR(token_logprobs(packed.take(logits).unsqueeze(0), packed.labels_N.unsqueeze(0)).squeeze(0))
             alone = response_logprobs(model, rows, 1.0)
     finally:

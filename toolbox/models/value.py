@@ -11,7 +11,8 @@ from toolbox.models.logprobs import ResponseRows
 class ValueModel(nn.Module):
     """``V(prefix)`` for every position: a transformers backbone (``AutoModel``) and a zero-initialised linear head.
 
-    ``base_model_prefix = "model"`` lets the FSDP2 strategy find and shard the decoder layers.
+    ``base_model_prefix = "model"`` lets the FSDP2 strategy find and shard the decoder layers. The head takes the
+    backbone's dtype: FSDP2 shards the root group (embeddings, final norm, head) as one flat group of one dtype.
     """
 
     base_model_prefix = "model"
@@ -19,14 +20,16 @@ class ValueModel(nn.Module):
     def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
         super().__init__()
         self.model = backbone
-        self.head = nn.Linear(hidden_size, 1)
+        self.head = nn.Linear(hidden_size, 1, dtype=next(backbone.parameters()).dtype)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=False).last_hidden_state
-        return self.head(hidden.float()).squeeze(-1)
+        # In the head's compute dtype (bf16 under mixed precision, whatever the stored parameters are); the values
+        # leave in fp32 for the losses.
+        return self.head(hidden.to(self.head.weight.dtype)).float().squeeze(-1)
 
 
 def load_value_model(path: str, dtype: str = "float32") -> ValueModel:
