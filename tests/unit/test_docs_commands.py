@@ -98,7 +98,7 @@ def test_a_runnable_command_in_the_docs_exits_0(command: Command) -> None:
 
 def test_the_docs_mark_commands_runnable() -> None:
     pages = {command.page for command in all_commands()}
-    assert {"docs/getting-started.md", "docs/development.md", "docs/write-a-reward.md"} <= pages
+    assert {"docs/getting-started.md", "docs/development.md", "docs/write-a-reward.md", "docs/write-a-loss.md"} <= pages
 
 
 def test_a_marked_block_runs_each_command_and_a_failure_names_page_and_line(tmp_path: Path) -> None:
