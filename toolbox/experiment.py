@@ -21,11 +21,13 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from toolbox.callbacks import CALLBACKS
+from toolbox.callbacks.remote import RemotePublish
 from toolbox.config.algorithm import AlgorithmConfig
 from toolbox.config.loader import dump_config
 from toolbox.config.schema import ExperimentConfig, RolePlacement, TrainerConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.events import EventBus
+from toolbox.core.storage import RemoteDir, is_remote, staging_root
 from toolbox.data.offline import OfflineDataConfig
 from toolbox.data.tasks import TASKS
 from toolbox.local_ray import LOCAL_DEFAULTS, WORKER_ENV, actor_env, start_local
@@ -39,17 +41,20 @@ SELF_HEALING_ROLES = ("rollout", "reward")  # their workers take a `supervisor` 
 
 
 def make_run_dir(cfg: ExperimentConfig) -> Path:
-    """``run_root/run_name``; a resumed run without a name continues in the directory it resumes from."""
-    resume = Path(cfg.trainer.resume_from) if cfg.trainer.resume_from else None
-    if resume is not None and not cfg.trainer.run_name:
+    """``run_root/run_name`` (with a remote run_root: its local staging copy under ``trainer.staging_root``); a
+    resumed run without a name continues in the local directory it resumes from."""
+    t = cfg.trainer
+    resume = Path(t.resume_from) if t.resume_from and not is_remote(t.resume_from) else None
+    if resume is not None and not t.run_name:
         run_dir = resume if (resume / "checkpoints").is_dir() else resume.parent.parent
         if (run_dir / "config.yaml").exists():
             return run_dir
-    name = cfg.trainer.run_name or f"{cfg.experiment}-{dt.datetime.now():%Y%m%d-%H%M%S}"
-    run_dir = Path(cfg.trainer.run_root).resolve() / name
-    if not cfg.trainer.run_name:  # two runs started in the same second get their own directories
+    name = t.run_name or f"{cfg.experiment}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    remote = is_remote(t.run_root)
+    run_dir = (staging_root(t.staging_root) if remote else Path(t.run_root).resolve()) / name
+    if not t.run_name:  # two runs started in the same second get their own directories
         n = 1
-        while run_dir.exists():
+        while run_dir.exists() or (remote and RemoteDir(f"{t.run_root}/{run_dir.name}").exists("")):
             n += 1
             run_dir = run_dir.with_name(f"{name}-{n}")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -126,9 +131,12 @@ class ExperimentBuilder:
             check_model_path(resolve_source(cfg.model.path, cfg.model.gguf_file), cfg.model.trust_remote_code)
         check_specs(cfg)
         self.run_dir = make_run_dir(cfg)
+        # a remote run_root: where the staged run directory is published (`toolbox.core.storage`)
+        self.remote = RemoteDir(f"{cfg.trainer.run_root}/{self.run_dir.name}") if is_remote(cfg.trainer.run_root) \
+            else None
         if isinstance(cfg.algorithm, OfflineDataConfig) and (cfg.algorithm.dataset or cfg.algorithm.eval_dataset):
             cfg.algorithm.check_rows(cfg.data, self.tokenizer)  # tokenised records, before Ray
-        self.resume_from = resolve_resume(cfg.trainer.resume_from, self.run_dir)  # a bad target fails here, early
+        self.resume_from = resolve_resume(cfg.trainer.resume_from, self.run_dir, self.remote)  # fails here, early
         dump_config(cfg, self.run_dir / "config.yaml")
         self.groups: list[Any] = []
         self.placement: Any = None  # a Tune trial's placement group, when its actors must live inside it
@@ -300,6 +308,8 @@ class ExperimentBuilder:
         inject = {"run_dir": self.run_dir, "total_steps": self.cfg.trainer.total_steps}
         for spec in self.cfg.callbacks:
             CALLBACKS.build(spec, inject=inject).attach(bus)
+        if self.remote is not None:  # after the callbacks: what they write at an event is published with it
+            RemotePublish(self.remote, self.run_dir, self.cfg.trainer.keep_checkpoints).attach(bus)
         trainer = ALGORITHMS.get(self.cfg.algorithm.name).factory(self, bus)
         self.started()  # a wiring that started groups without waiting and did not wait itself
         return trainer

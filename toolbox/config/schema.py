@@ -12,13 +12,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from toolbox.callbacks import CALLBACKS
 from toolbox.config.algorithm import DEFAULT_ALGORITHM, AlgorithmConfig
 from toolbox.config.paths import DEFAULT_EXPERIMENT
 from toolbox.core.errors import ConfigError
 from toolbox.core.registry import Spec, SpecOf
+from toolbox.core.storage import check_location
 from toolbox.data.check import check_data
 from toolbox.data.rows import DataConfig
 from toolbox.data.tasks import TASKS
@@ -137,11 +146,18 @@ class TrainerConfig(BaseModel):
     eval_every: int = Field(0, ge=0, description="Evaluate every N steps (0: never during training).")
     eval_prompts: int = Field(32, ge=1, description="Held-out prompts per evaluation (greedy decoding).")
     seed: int = Field(0, description="Seed of prompts, sampling and initialisation.")
-    run_root: str = Field("runs", description="Directory under which each run gets its own directory.")
+    run_root: str = Field("runs", description="Directory under which each run gets its own directory: a path, or "
+                          "a URL of a filesystem fsspec knows (s3://, gs://, az://, hf://, memory://; its package "
+                          "installed), where the run is staged locally in staging_root and published: each complete "
+                          "checkpoint as it is saved, the rest at every checkpoint and at the end (docs/storage.md).")
+    staging_root: str = Field("", description="With a remote run_root: the local directory the run is written to "
+                              "before it is published (every learner rank must reach it); empty: "
+                              "<tmp>/toolbox-staging.")
     run_name: str = Field("", description="Run directory name; empty: '<experiment>-<timestamp>'.")
     resume_from: str = Field("", description="'auto': the newest complete checkpoint of this run's directory (needs "
                              "run_name), or a fresh start when there is none; a run directory: its newest complete "
-                             "checkpoint; a checkpoint directory (runs/x/checkpoints/step_N): itself.")
+                             "checkpoint; a checkpoint directory (runs/x/checkpoints/step_N): itself. A URL of "
+                             "either (s3://.../step_N) is downloaded into the run directory first.")
     export: bool = Field(False, description="At the end of training, write the final policy as a Hugging Face model "
                          "directory (safetensors, config, tokenizer, generation config) to RUN_DIR/hf (LLM algorithms).")
     log_samples_every: int = Field(10, ge=0, description="Every N steps (from the first), record a few prompts' "
@@ -151,6 +167,14 @@ class TrainerConfig(BaseModel):
     shared_fs: bool = Field(False, description="Assert that run_root is on a filesystem every Ray node sees (NFS, a "
                             "Kubernetes RWX volume, the same machine): required on a cluster of more than one node, "
                             "where learner ranks on other nodes write the checkpoints.")
+
+    @field_validator("run_root", "resume_from")
+    @classmethod
+    def _location(cls, value: str, info: ValidationInfo) -> str:
+        """A URL's filesystem must be one fsspec knows and can load, checked before anything starts."""
+        if info.field_name == "resume_from" and value in ("", "auto"):
+            return value
+        return check_location(f"trainer.{info.field_name}", value, writable=info.field_name == "run_root")
 
 
 class RolePlacement(BaseModel):
@@ -227,6 +251,8 @@ class ExperimentConfig(BaseModel):
                               "rollout.placement: colocate makes engines and learner ranks take turns on one device "
                               "(use placement: split, or max_staleness: 0)")
         check_steps_per_generation(self)
+        if self.learner.critic_optim is not None and not hasattr(self.algorithm, "critic_lr"):
+            raise ConfigError(f"learner.critic_optim: algorithm {self.algorithm.name!r} trains no critic (unset it)")
         if self.ray.local_mode and self.learner.num_workers != 1:
             raise ConfigError("ray.local_mode runs in-process and supports learner.num_workers=1 only")
         if self.learner.max_restarts and "rollout" not in self.algorithm.roles:

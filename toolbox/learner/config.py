@@ -4,19 +4,27 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from toolbox.core.errors import ConfigError
 from toolbox.learner.lora import LoraConfig
 
 
 class OptimConfig(BaseModel):
-    """AdamW, gradient clipping and the learning-rate schedule."""
+    """The optimizer (`toolbox.learner.optimizers`), gradient clipping and the learning-rate schedule."""
 
     model_config = ConfigDict(extra="forbid")
+    name: str = Field("adamw", description="Optimizer: adamw (torch, fused where it can be), sgd (with momentum), "
+                      "adafactor (transformers; factored second moments), adamw_8bit (bitsandbytes, which must be "
+                      "installed), or one a plugin registers.")
     lr: float = Field(1e-5, gt=0, description="Peak learning rate.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
-    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas (adamw, adamw_8bit).")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (SGD: L2 penalty).")
+    decay_norms_and_biases: bool = Field(False, description="Also decay parameters of fewer than two dimensions "
+                                         "(biases, norm weights); by default they get no weight decay.")
+    eps: float = Field(1e-8, gt=0, description="Adam epsilon (adamw, adamw_8bit).")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
+    nesterov: bool = Field(False, description="SGD: Nesterov momentum.")
     max_grad_norm: float = Field(1.0, gt=0, description="Clip the global gradient norm to this.")
     scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine"] = Field(
         "constant_with_warmup", description="Learning-rate schedule (transformers.get_scheduler names)."
@@ -28,6 +36,19 @@ class OptimConfig(BaseModel):
         "trained parameters (floating point, on cpu or cuda), else torch's own default; 'foreach' / 'for_loop' force "
         "those."
     )
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        from toolbox.learner.optimizers import OPTIMIZERS, check_available
+
+        if name not in OPTIMIZERS:
+            raise ValueError(f"{name!r} is not a registered optimizer; allowed: {OPTIMIZERS.names()}")
+        try:
+            check_available(name, "name")
+        except ConfigError as err:
+            raise ValueError(str(err).removeprefix("name: ")) from None
+        return name
 
 
 class LearnerConfig(BaseModel):
@@ -96,6 +117,8 @@ class LearnerConfig(BaseModel):
                                "non-finite gradient norm (each is skipped and counted in the bad_steps metric); "
                                "0: never fail, only skip.")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer settings.")
+    critic_optim: OptimConfig | None = Field(None, description="Optimizer settings of a critic (ppo), whole, "
+                                             "lr included; unset: learner.optim at algorithm.critic_lr.")
     lora: LoraConfig | None = Field(None, description="LoRA adapters (peft) on the policy: only they train; weight "
                                     "sync and export merge them into the base weights. Unset: full fine-tuning.")
 

@@ -1,4 +1,5 @@
-"""The optimizer side of a learner rank: AdamW with a transformers schedule, and the one clipped optimizer step.
+"""The optimizer side of a learner rank: the configured optimizer with a transformers schedule, and the one clipped
+optimizer step.
 
 `TrainedModel` bundles a (strategy-wrapped) module with its optimizer and schedule, so a
 learner with two trained models (PPO's policy and critic) holds two of them.
@@ -35,12 +36,13 @@ class NonFiniteStepsError(ToolboxError):
 
 
 def build_optimizer(model: nn.Module, o: OptimConfig, optimizer_steps: int) -> tuple[torch.optim.Optimizer, LRScheduler]:
-    """AdamW and its learning-rate schedule (``transformers.get_scheduler``) over ``optimizer_steps`` steps."""
+    """The optimizer ``o.name`` selects (`toolbox.learner.optimizers`) and its learning-rate schedule
+    (``transformers.get_scheduler``) over ``optimizer_steps`` steps."""
     from transformers import get_scheduler
 
-    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
-    optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
-                                  **adamw_kernel(o.kernel, trainable))
+    from toolbox.learner.optimizers import build
+
+    optimizer = build(model, o)
     scheduler = get_scheduler(o.scheduler, optimizer, num_warmup_steps=o.warmup_steps,
                               num_training_steps=max(1, optimizer_steps))
     return optimizer, scheduler

@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from toolbox.core.errors import ConfigError
+from toolbox.core.storage import COMPLETE, RemoteDir, fetch_checkpoint, is_remote
 
 log = logging.getLogger(__name__)
 
-COMPLETE = "COMPLETE"  # marker file: its presence proves every part of the checkpoint was written
 STAGING_SUFFIX = ".tmp"
 _STEP = re.compile(r"^step_(\d+)$")
 
@@ -103,16 +103,25 @@ def prune(run_dir: Path, keep: int) -> list[Path]:
     return removed
 
 
-def resolve_resume(target: str, run_dir: Path) -> str:
+def resolve_resume(target: str, run_dir: Path, remote: RemoteDir | None = None) -> str:
     """The checkpoint directory ``trainer.resume_from`` names, or ``""`` to start fresh.
 
-    ``auto``: the newest complete checkpoint of this run's directory, or a fresh start when there is none.
-    A run directory: its newest complete checkpoint (an error when it has none). A ``step_N``
-    directory: itself, if complete. Errors are `ConfigError`s naming the field and what to pass instead.
+    ``auto``: the newest complete checkpoint of this run's directory (or of its ``remote`` copy, downloaded), or
+    a fresh start when there is none. A run directory: its newest complete checkpoint (an error when it has
+    none). A ``step_N`` directory: itself, if complete. A URL of either: the same, downloaded into ``run_dir``.
+    Errors are `ConfigError`s naming the field and what to pass instead.
     """
     if not target:
         return ""
+    if is_remote(target):
+        fetched = fetch_checkpoint(target, run_dir)
+        if fetched is None:
+            raise ConfigError(f"trainer.resume_from={target}: the run has no complete checkpoint (a "
+                              f"checkpoints/step_N with a {COMPLETE} marker); start without resume_from")
+        return str(fetched)
     if target == "auto":
+        if remote is not None:  # the newest remote one, beside any the local staging copy still holds
+            fetch_checkpoint(remote.url, run_dir)
         latest = latest_checkpoint(run_dir)
         if latest is None:
             log.info("trainer.resume_from=auto: no complete checkpoint in %s, starting fresh", run_dir / "checkpoints")

@@ -1,0 +1,89 @@
+"""``learner.optim.name``: the registered optimizers, weight decay kept off biases and norms, their errors."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from torch import nn
+
+from toolbox.config import load_config
+from toolbox.core.errors import ConfigError
+from toolbox.learner.config import OptimConfig
+from toolbox.learner.optim import build_optimizer, optimizer_step
+from toolbox.learner.optimizers import OPTIMIZERS, param_groups
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+
+
+def _train(name: str, steps: int = 20, **options: object) -> tuple[float, float]:
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
+    y = x[:, :4] * 2
+    model = _model()
+    optimizer, scheduler = build_optimizer(model, OptimConfig(name=name, lr=3e-2, scheduler="constant", **options), steps)
+    losses = []
+    for _ in range(steps):
+        loss = nn.functional.mse_loss(model(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        optimizer_step(model, optimizer, scheduler, max_grad_norm=10.0)
+    return losses[0], losses[-1]
+
+
+@pytest.mark.parametrize(("name", "cls"), [("adamw", "AdamW"), ("sgd", "SGD"), ("adafactor", "Adafactor")])
+def test_each_optimizer_is_built_and_trains(name: str, cls: str) -> None:
+    first, last = _train(name)
+    assert last < 0.5 * first
+    optimizer, _ = build_optimizer(_model(), OptimConfig(name=name), 10)
+    assert type(optimizer).__name__ == cls
+
+
+def test_sgd_takes_its_momentum() -> None:
+    optimizer, _ = build_optimizer(_model(), OptimConfig(name="sgd", momentum=0.8, nesterov=True), 10)
+    assert optimizer.param_groups[0]["momentum"] == 0.8 and optimizer.param_groups[0]["nesterov"] is True
+
+
+def test_biases_and_norms_get_no_weight_decay_by_default() -> None:
+    model = _model()
+    decayed, plain = param_groups(model, OptimConfig(weight_decay=0.1))
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert {tuple(p.shape) for p in decayed["params"]} == {(16, 8), (4, 16)}
+    assert len(plain["params"]) == 4  # two biases, the norm's weight and bias
+    assert len(param_groups(model, OptimConfig(weight_decay=0.1, decay_norms_and_biases=True))) == 1
+    assert len(param_groups(model, OptimConfig())) == 1  # no decay: one group, as before
+
+
+def test_decay_shrinks_only_matrices() -> None:
+    model = _model()
+    optimizer, scheduler = build_optimizer(model, OptimConfig(lr=0.1, weight_decay=0.5), 1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)  # Adam's update is 0: what moves is decay alone
+    optimizer.step()
+    moved = {n for n, p in model.named_parameters() if not torch.equal(before[n], p)}
+    assert moved == {"0.weight", "2.weight"}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes is installed here")
+def test_8bit_adamw_without_bitsandbytes_names_the_package() -> None:
+    with pytest.raises(ConfigError, match=r"learner.optim.name: Value error, 'adamw_8bit' needs the bitsandbytes package, "
+                                          r"which is not installed \(pip install bitsandbytes"):
+        load_config(["learner.optim.name=adamw_8bit"])
+
+
+def test_an_unknown_optimizer_lists_the_registered_ones() -> None:
+    with pytest.raises(ConfigError, match=r"learner.optim.name: Value error, 'lion' is not a registered optimizer; "
+                                          r"allowed: \['adafactor', 'adamw', 'adamw_8bit', 'sgd'"):
+        load_config(["learner.optim.name=lion"])
+    assert {"adamw", "sgd", "adafactor", "adamw_8bit"} <= set(OPTIMIZERS.names())
+
+
+def test_the_critic_takes_its_own_optimizer() -> None:
+    cfg = load_config(["experiment=ppo_tiny", "learner.critic_optim={name: sgd, lr: 0.01}"])
+    assert cfg.learner.critic_optim is not None and cfg.learner.critic_optim.name == "sgd"
+    with pytest.raises(ConfigError, match=r"learner.critic_optim: algorithm 'grpo' trains no critic"):
+        load_config(["learner.critic_optim={name: sgd}"])

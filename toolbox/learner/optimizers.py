@@ -1,0 +1,87 @@
+"""The optimizers ``learner.optim.name`` selects: AdamW (the default), SGD with momentum, Adafactor, and 8-bit AdamW.
+
+Each entry is a factory ``(param_groups, optim config) -> torch.optim.Optimizer``; a plugin adds one with
+``@OPTIMIZERS.register("name")`` from a ``toolbox.plugins`` entry point. The parameter groups come from
+`param_groups`: with weight decay, parameters of fewer than two dimensions (biases, norm weights, scalar gates)
+get none, as in GPT-2, nanoGPT and transformers' Trainer (``learner.optim.decay_norms_and_biases`` turns that off).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from toolbox.core.errors import ConfigError
+from toolbox.core.registry import Registry
+
+if TYPE_CHECKING:
+    from toolbox.learner.config import OptimConfig
+
+Groups = list[dict[str, Any]]
+OPTIMIZERS: Registry[torch.optim.Optimizer] = Registry("optimizer")
+NEEDS: dict[str, tuple[str, str]] = {"adamw_8bit": ("bitsandbytes", "pip install bitsandbytes (CUDA builds)")}
+
+
+def param_groups(model: nn.Module, o: OptimConfig) -> Groups:
+    """The trained parameters (LoRA: the adapters only) as optimizer groups: one, or with weight decay a decayed
+    group and a group of parameters under two dimensions without decay (unless ``o.decay_norms_and_biases``)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if not o.weight_decay or o.decay_norms_and_biases:
+        return [{"params": trainable, "weight_decay": o.weight_decay}]
+    groups = [{"params": [p for p in trainable if p.ndim >= 2], "weight_decay": o.weight_decay},
+              {"params": [p for p in trainable if p.ndim < 2], "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def build(model: nn.Module, o: OptimConfig) -> torch.optim.Optimizer:
+    """The optimizer ``o.name`` selects over ``model``'s trained parameters."""
+    check_available(o.name, "learner.optim.name")
+    return OPTIMIZERS.get(o.name).factory(param_groups(model, o), o)
+
+
+def check_available(name: str, field: str) -> None:
+    """A `ConfigError` naming ``field`` when optimizer ``name`` is not registered or its package is missing."""
+    if name not in OPTIMIZERS:
+        raise ConfigError(f"{field}: {name!r} is not a registered optimizer; allowed: {OPTIMIZERS.names()}")
+    module, how = NEEDS.get(name, ("", ""))
+    if module and importlib.util.find_spec(module) is None:
+        raise ConfigError(f"{field}: {name!r} needs the {module} package, which is not installed ({how}); "
+                          "or use adamw")
+
+
+def _flat(groups: Groups) -> list[torch.Tensor]:
+    return [p for g in groups for p in g["params"]]
+
+
+@OPTIMIZERS.register("adamw")
+def adamw(groups: Groups, o: OptimConfig) -> torch.optim.Optimizer:
+    """torch's AdamW, fused where torch fuses these parameters (``learner.optim.kernel``)."""
+    from toolbox.learner.optim import adamw_kernel
+
+    return torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, **adamw_kernel(o.kernel, _flat(groups)))
+
+
+@OPTIMIZERS.register("sgd")
+def sgd(groups: Groups, o: OptimConfig) -> torch.optim.Optimizer:
+    """torch's SGD with ``learner.optim.momentum`` (Nesterov with ``nesterov``)."""
+    return torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0)
+
+
+@OPTIMIZERS.register("adafactor")
+def adafactor(groups: Groups, o: OptimConfig) -> torch.optim.Optimizer:
+    """transformers' Adafactor (factored second moments: memory of a row and a column per matrix) at the
+    schedule's learning rate, not its own relative step size."""
+    from transformers.optimization import Adafactor
+
+    return Adafactor(groups, lr=o.lr, scale_parameter=False, relative_step=False, warmup_init=False)
+
+
+@OPTIMIZERS.register("adamw_8bit")
+def adamw_8bit(groups: Groups, o: OptimConfig) -> torch.optim.Optimizer:
+    """bitsandbytes' AdamW with 8-bit block-wise quantised moments (a quarter of AdamW's state memory)."""
+    import bitsandbytes as bnb
+
+    return bnb.optim.AdamW8bit(groups, lr=o.lr, betas=o.betas, eps=o.eps)
