@@ -193,3 +193,43 @@ def test_sleep_and_wake_are_optional_and_free_nothing_on_cpu(tiny_model_dir: Pat
     assert all(t.device.type == "cpu" and t.equal(before[k]) for k, t in after.items())
     batch = engine.generate([PromptRequest(ids=[1, 2], group=0)], SamplingConfig(max_new_tokens=2))
     assert batch.response_ids_BR.shape[0] == 1
+
+
+def test_split_refuses_gpu_fractions_that_could_share_one_nccl_device() -> None:
+    with pytest.raises(ConfigError, match=r"learner.gpus_per_worker: 0.5 with 2 ranks: Ray may put two ranks on one"):
+        config(learner={"gpus_per_worker": 0.5})
+    with pytest.raises(ConfigError, match=r"rollout.gpus_per_worker: 0.5 with the NCCL weight sync"):
+        config(rollout={"engine": VLLM, "gpus_per_worker": 0.5}, learner={"gpus_per_worker": 1})
+    config(learner={"gpus_per_worker": 0.5, "num_workers": 1, "strategy": "single"})  # one rank: no communicator
+    config(rollout={"gpus_per_worker": 0.5}, learner={"gpus_per_worker": 1})  # hf engine: the object store
+    config(rollout={**COLOCATE, **GPU_HALF, "engine": VLLM}, learner=GPU_HALF)  # colocated: a bundle per GPU
+
+
+class StartOrderBuilder:
+    """What `policy_roles` asks of an `ExperimentBuilder`, recording when each role's actors are ready."""
+
+    def __init__(self, cfg: ExperimentConfig) -> None:
+        self.cfg, self.model_path, self.tokenizer, self.log = cfg, "model", None, []
+
+    def learner_group(self, build: Any, wait: bool = True) -> LocalGroup:
+        self.log.append("learner actors" + (", built" if wait else ""))  # ranks build when they join (`started`)
+        return LocalGroup("learner", [])
+
+    def group(self, role: str, cls: type, n: int, make_kwargs: Any, timeout_s: float, cpus: float,
+              gpus: float = 0.0, wait: bool = True) -> LocalGroup:
+        self.log.append(f"{role} actors" + (", started" if wait else ""))
+        return LocalGroup(role, [])
+
+    def started(self) -> None:
+        self.log.append("learner ranks build; every role started")
+
+
+def test_colocated_engines_start_before_learner_ranks_build() -> None:
+    from toolbox.algorithms.base import policy_roles
+
+    colocated = StartOrderBuilder(config(rollout={**COLOCATE, **GPU_HALF, "engine": VLLM}, learner=GPU_HALF))
+    policy_roles(colocated, FakeLearner, ALGO)  # type: ignore[arg-type]
+    assert colocated.log.index("rollout actors, started") < colocated.log.index("learner ranks build; every role started")
+    split = StartOrderBuilder(config())
+    policy_roles(split, FakeLearner, ALGO)  # type: ignore[arg-type]
+    assert "rollout actors" in split.log  # split: every role starts at once

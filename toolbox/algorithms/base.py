@@ -69,11 +69,15 @@ def policy_roles(builder: ExperimentBuilder, learner_cls: type, algo: AlgorithmC
         return dict(rank=r, spec=c.reward.spec, run=c.reward.run, model_path=path)
 
     hosted = c.reward.num_workers == 0  # the rollout workers score their own batches
+    # Colocated: the engines finish starting (vLLM and SGLang measure the GPU's free memory and take their share)
+    # before the learner ranks build and shard their models on the same GPUs, which they do when they join their
+    # process group (`builder.started`); a learner loading meanwhile would shrink or fail the engines' profiling.
     rollout_group = builder.group(
         "rollout", RolloutWorker, c.rollout.num_workers,
         lambda r: dict(rank=r, build=engine, torch_threads=c.rollout.torch_threads,
                        scorer=partial(RewardWorker, **reward_kwargs(r)) if hosted else None),
-        c.rollout.timeout_s, c.rollout.cpus_per_worker, c.rollout.gpus_per_worker, wait=False,
+        c.rollout.timeout_s, c.rollout.cpus_per_worker, c.rollout.gpus_per_worker,
+        wait=c.rollout.placement == "colocate",
     )
     rollout = RolloutGroup(rollout_group)
     reward = RewardGroup(rollout_group if hosted else builder.group(

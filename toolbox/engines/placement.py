@@ -37,8 +37,9 @@ IPC_ENGINES = ("vllm", "sglang")
 
 def check_colocation(cfg: ExperimentConfig) -> None:
     """At config load: what ``rollout.placement: colocate`` needs (one engine per learner rank, engines that can
-    sleep, one strategy for the shared placement group)."""
+    sleep, one strategy for the shared placement group), and what ``split`` must not do (`check_split_gpus`)."""
     if cfg.rollout.placement != "colocate":
+        check_split_gpus(cfg)
         return
     if "rollout" not in cfg.algorithm.roles or "learner" not in cfg.algorithm.roles:
         raise ConfigError(f"rollout.placement: colocate pairs rollout workers with learner ranks; algorithm "
@@ -55,6 +56,25 @@ def check_colocation(cfg: ExperimentConfig) -> None:
     if len(set(strategies.values())) > 1:
         raise ConfigError(f"rollout.placement: colocate puts rollout and learner in one placement group; "
                           f"ray.placement gives them different strategies {strategies}")
+
+
+def check_split_gpus(cfg: ExperimentConfig) -> None:
+    """``placement: split`` with a fraction of a GPU per NCCL rank: Ray may pack two such actors onto one GPU, and
+    NCCL refuses a communicator with two ranks on one device ("Duplicate GPU detected"). The ranks of one
+    communicator are the learner's (fsdp2 / ddp on cuda) and, with the NCCL weight sync, learner rank 0 with every
+    engine worker."""
+    learner, rollout = cfg.learner, cfg.rollout
+    fraction = {role: g for role, g in (("learner", learner.gpus_per_worker), ("rollout", rollout.gpus_per_worker))
+                if 0 < g < 1}
+    if "learner" in fraction and learner.num_workers > 1 and learner.strategy != "single" and learner.device != "cpu":
+        raise ConfigError(f"learner.gpus_per_worker: {fraction['learner']:g} with {learner.num_workers} ranks: Ray may "
+                          f"put two ranks on one GPU, which NCCL refuses (Duplicate GPU detected); give each rank a "
+                          f"whole GPU, or share GPUs with the engines through rollout.placement: colocate")
+    if fraction and "rollout" in cfg.algorithm.roles and choose_sync_path(cfg).runs == "nccl":
+        role, share = next(iter(fraction.items()))
+        raise ConfigError(f"{role}.gpus_per_worker: {share:g} with the NCCL weight sync (rollout.placement: split): "
+                          f"Ray may put learner rank 0 and an engine worker on one GPU, which NCCL refuses; give "
+                          f"learner ranks and rollout workers whole GPUs, or use rollout.placement: colocate")
 
 
 def colocated_bundle(cfg: ExperimentConfig) -> tuple[dict[str, float], str]:
