@@ -97,7 +97,8 @@ def sequence_lengths(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
 
 # Tokens per packed row when the sequences are shorter. Fewer, longer rows cut the per-row overhead and the padding
 # left at rows' ends, while sdpa's block-diagonal mask still computes a whole row's L x L attention. Measured on
-# 2 CPU cores (one GRPO micro-batch, forward + backward, padded = 1): grpo_tiny 32 rows of <= 9 tokens, rows of
+# 2 CPU cores with `toolbox bench learner_step` and this constant varied (one GRPO micro-batch, forward + backward,
+# padded = 1): grpo_tiny 32 rows of <= 9 tokens, rows of
 # 9 / 64 / 224 tokens 1.35 / 0.88 / 0.59; `toolbox bench learner_step`'s "medium", 8 rows of <= 80 tokens, rows of
 # 65 / 151 / 297 tokens 0.69 / 0.47 / 0.52.
 ROW_TOKENS = 256
@@ -108,8 +109,9 @@ ROW_TOKENS = 256
 # layout 4% padding) 1.11, of 32-64 (14%) 1.02, of 16-64 (40%) 0.77, of 1-64 (54%) 0.52.
 PACK_BELOW = 0.8
 # Rows of shared-prompt units (`pack_rows`) are about this many units long (at least the longest unit, at most
-# `ROW_TOKENS`): a unit is already many sequences long, and a row's attention costs L x L. Measured on 2 CPU cores (one
-# GRPO update of the default experiment's 16 prompts x 8 samples, units of 15-37 tokens, learner CPU): 1 / 1.5 / 2 /
+# `ROW_TOKENS`): a unit is already many sequences long, and a row's attention costs L x L. Measured on 2 CPU cores with
+# `toolbox bench learner_step --models grpo_tiny` and this constant varied (one GRPO update of the default
+# experiment's 16 prompts x 8 samples, units of 15-37 tokens, learner CPU): 1 / 1.5 / 2 /
 # 3 units and rows of 256 tokens 15.5 / 11.7-12.2 / 11.9-12.0 / 12.1-12.4 / 13.4-13.9 ms.
 SHARED_ROW_UNITS = 2.0
 
