@@ -2,7 +2,7 @@
 SIGTERM stops it promptly (its actors shut down, exit code 143, a message saying so).
 
 Only the processes of the run under test are looked at: the driver's own descendants, listed from /proc
-before the signal (other engineers' Ray instances on the same machine are never touched).
+before the signal (other Ray instances on the same machine are never touched).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Kept apart from `toolbox.learner.strategy` (FSDP2, distributed checkpoints) so that a rollout or reward
 worker choosing its device does not import torch.distributed's tensor and checkpoint stacks (about a
-second of start-up per actor on this machine's CPUs).
+second of start-up CPU per actor; `toolbox bench startup` measures start-up).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 An env runner calls the policy once per vector step on a handful of observations (8 rows of 17 numbers for
 HalfCheetah with 8 copies). At that size a torch op costs a few microseconds of dispatch whatever it computes,
-and ``prepare_obs`` + ``act`` + ``env_actions`` are some 40 of them: about 150 us per vector step on the
-development machine, against about 40 us for the same arithmetic in numpy (`toolbox.bench._step_breakdown`
-prints both). `NumpyStepPolicy` is that arithmetic: the same layers, normalisation, sampling and log-prob as
+and ``prepare_obs`` + ``act`` + ``env_actions`` are some 40 of them: about 150 us per vector step on a
+2-core CPU, against about 40 us for the same arithmetic in numpy (`toolbox bench env_throughput` prints both
+first, from `toolbox.bench._step_breakdown`). `NumpyStepPolicy` is that arithmetic: the same layers, normalisation, sampling and log-prob as
 `ActorCritic`, on numpy views of the model's own parameters (so it reads whatever the model holds; rebuild it
 after `toolbox.rl.weights.load_into`, which may re-point a parameter at new memory). The Gaussian noise and
 categorical draws still come from the runner's ``torch.Generator``, so a runner's actions depend on its seed
