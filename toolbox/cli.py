@@ -175,6 +175,7 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "run": Command("toolbox.run:main", "run one experiment as one Ray job: [experiment=NAME|PATH] [a.b.c=value ...]"),
+    "train": Command("toolbox.run:main", "the same as run"),
     "tune": Command("toolbox.tune:main", "a Ray Tune sweep, each trial one whole experiment: sweep=NAME|PATH [a.b.c=value ...]",
                     own_help=False),
     "eval": Command("toolbox.eval:main", "score a model or a run's policy on a task's eval split (pass@k, mean reward)"),
@@ -317,18 +318,27 @@ def dispatch(name: str, argv: list[str]) -> int:
     """Import ``COMMANDS[name]``'s module only now (a missing one is an error of this command alone) and run it."""
     command = COMMANDS[name]
     module_name, _, function = command.target.partition(":")
+    from toolbox.core.extras import missing_extra
+
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         missing = err.name or "?"
         what = ("is not part of this installation" if module_name == missing or module_name.startswith(missing + ".")
                 else f"needs the package {missing!r}, which is not installed")
-        print(f"toolbox {name}: {module_name} {what} ({err})", file=sys.stderr)
+        print(missing_extra(err, f"toolbox {name}") or f"toolbox {name}: {module_name} {what} ({err})", file=sys.stderr)
         return 1
     if _wants_help(argv) and not command.own_help:
         print(f"usage: toolbox {name} ...\n\n{inspect.getdoc(module) or command.summary}")
         return 0
-    return int(getattr(module, function)(argv))
+    try:
+        return int(getattr(module, function)(argv))
+    except ModuleNotFoundError as err:  # an optional package the command imports only once it needs it
+        line = missing_extra(err, f"toolbox {name}")
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from toolbox.config import load_config
 from toolbox.config.paths import CONFIG_DIR
 
 REPO = Path(__file__).resolve().parents[2]
-SUBCOMMANDS = ["run", "tune", "eval", "export", "serve", "model", "plot", "traces", "bench", "deploy", "config", "docs", "components"]
+SUBCOMMANDS = ["run", "train", "tune", "eval", "export", "serve", "model", "plot", "traces", "bench", "deploy", "config", "docs", "components"]
 
 
 def toolbox_script() -> str:

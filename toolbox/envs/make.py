@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from toolbox.core.errors import ConfigError
+from toolbox.core.extras import needs_extra
 from toolbox.envs.config import EnvConfig
 from toolbox.models.mlp import SpaceSpec
 
@@ -41,6 +42,11 @@ def make_env(cfg: EnvConfig) -> Any:
 
     try:
         env = gym.make(cfg.id, **cfg.kwargs)
+    except gym.error.DependencyNotInstalled as err:  # MuJoCo, Box2D: say which of our extras brings it
+        entry = str(gym.spec(cfg.id).entry_point)
+        extra = next((e for e in ("mujoco", "box2d") if e in entry.lower()), None)
+        raise ConfigError(needs_extra(f"env.id={cfg.id}", extra, str(err)) if extra
+                          else f"env.id: cannot make {cfg.id!r}: {err}") from None
     except gym.error.Error as err:
         raise ConfigError(f"env.id: cannot make {cfg.id!r}: {err}") from None
     except TypeError as err:

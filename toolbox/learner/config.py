@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from toolbox.core.errors import ConfigError
+from toolbox.core.extras import require
 from toolbox.learner.lora import LoraConfig
 
 
@@ -124,6 +125,8 @@ class LearnerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _fsdp2_only(self) -> LearnerConfig:
+        if self.lora is not None:
+            require("peft", "learner.lora")  # at start, not in every learner rank
         # One rank computes in bf16 under autocast; offload and DDP have no such path.
         for name, off, takes in (("mixed_precision", "fp32", ("fsdp2", "single")), ("offload", "none", ("fsdp2",))):
             if getattr(self, name) != off and self.strategy not in takes:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from toolbox.core.errors import ConfigError
+from toolbox.core.extras import needs_extra
 from toolbox.rl.weights import WeightBucket, pack_state_dict, unpack_all
 
 if TYPE_CHECKING:
@@ -61,8 +62,7 @@ def _peft() -> Any:
     try:
         import peft
     except ImportError as err:  # an optional extra: say how to get it
-        raise ImportError("learner.lora needs the peft package: pip install 'toolbox[lora]' (or pip install peft)"
-                          ) from err
+        raise ImportError(needs_extra("learner.lora", "lora", f"peft is not installed: {err}")) from err
     return peft
 
 
