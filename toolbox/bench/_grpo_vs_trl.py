@@ -60,8 +60,8 @@ REWARD = {"name": "weighted_sum", "weights": [1.0, 0.2],
 # 32 rows costs about twice one of 8 on this CPU, where weights stream from memory per token), the learner trains on
 # one step at a time with truncated importance sampling for the lag. max_staleness 7 = 2 x 4 - 1 is the least that
 # lets a block be sampled while the block before it is trained on. The micro-batch is the workload's
-# (`Workload`), the same on both sides. (Before overlap and blocks, the best was one actor per role with 2 threads
-# each, each role waiting for the other: 0.81-1.04x TRL.) Packing is on, but this benchmark's fixed 64-token
+# (`Workload`), the same on both sides. Without overlap (one actor per role with 2 threads each, each role waiting
+# for the other) toolbox reaches 0.81-1.04x TRL. Packing is on, but this benchmark's fixed 64-token
 # completions leave too little padding for it to pay (`toolbox.learner.packed.PACK_BELOW`).
 BEST_2CPU = ["rollout.num_workers=1", "rollout.torch_threads=1", "reward.num_workers=1", "learner.num_workers=1",
              "learner.strategy=single", "learner.torch_threads=2", "learner.packing=true",

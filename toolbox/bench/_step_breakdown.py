@@ -5,7 +5,7 @@ timings in CPU microseconds (the thread's own time, so a loaded machine skews th
 per vector step of ``num_envs`` copies: the vector env stepped with precomputed
 random actions; the runner's policy step (``prepare_obs`` + ``act`` + ``env_actions`` of its
 `toolbox.envs.step_policy`, numpy for an MLP) on a fixed observation batch, and beside it the same step
-through `ActorCritic`'s torch forward (what the runner used before); a whole ``rollout``. What the
+through `ActorCritic`'s torch forward (what a CNN policy steps through); a whole ``rollout``. What the
 whole rollout costs beyond the env and the policy step is the runner's overhead (buffers, episode
 tallies, bootstrapping values on truncation).
 """
