@@ -70,9 +70,9 @@ def resolve_model_path(cfg: ExperimentConfig, run_root: Path) -> str:
             raise ConfigError("model.path is empty and model.tiny is null: name a model directory or hub id")
         return with_cold_start(cfg, resolve_source(model.path, model.gguf_file), run_root)
     task = TASKS.build(cfg.task, inject={"data": cfg.data})
-    digest = hashlib.sha1((model.tiny.model_dump_json() + task.alphabet()).encode()).hexdigest()[:10]
-    path = Path(model.path) if model.path else run_root / ".models" / f"tiny-{model.tiny.arch}-{digest}"
-    return with_cold_start(cfg, str(ensure_tiny_model(path, model.tiny, task.alphabet())), run_root)
+    digest = hashlib.sha1((model.name + model.tiny.model_dump_json() + task.alphabet()).encode()).hexdigest()[:10]
+    path = Path(model.path) if model.path else run_root / ".models" / f"tiny-{model.name}-{model.tiny.arch}-{digest}"
+    return with_cold_start(cfg, str(ensure_tiny_model(path, model.tiny, task.alphabet(), model.name)), run_root)
 
 
 def with_cold_start(cfg: ExperimentConfig, base: str, run_root: Path) -> str:

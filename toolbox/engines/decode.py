@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from toolbox.engines.llama_decode import LlamaDecoder, column_major_weights, unsupported
+from toolbox.models.causal_lm import Decoder, DecodesItself
 
 if TYPE_CHECKING:  # transformers is imported when a model is, not by every worker that imports the engines
     from transformers import PreTrainedModel
@@ -31,7 +32,10 @@ LEAN_ATTENTION = ("sdpa", "eager")
 
 
 def check_lean_attention(model: PreTrainedModel) -> None:
-    """The lean loop builds its own 4-D attention mask, which only the sdpa and eager attention kernels take."""
+    """The lean loop builds its own 4-D attention mask, which only the sdpa and eager attention kernels take (a
+    model with its own decoder builds its own)."""
+    if isinstance(model, DecodesItself):
+        return
     impl = getattr(model.config, "_attn_implementation", None)
     if impl not in LEAN_ATTENTION:
         raise ValueError(f"rollout.engine.decode=lean needs attention implementation sdpa or eager, the model uses "
@@ -61,10 +65,13 @@ class TransformersForward:
 STOP_CHECK_EVERY = 8  # decode steps between looks at finished rows on a GPU (each look is a device-to-host sync)
 
 
-def forward_for(model: PreTrainedModel, forward: str, batch: int, max_len: int) -> TransformersForward | LlamaDecoder:
-    """``forward`` 'auto': toolbox's `LlamaDecoder` where the model allows it, else transformers' forward.
+def forward_for(model: PreTrainedModel, forward: str, batch: int, max_len: int) -> Decoder:
+    """A model's own decoder (`DecodesItself`: toolbox's GPT); else, ``forward`` 'auto': toolbox's `LlamaDecoder`
+    where the model allows it, else transformers' forward.
 
     Outside inference mode (it may move the model's weights: `column_major_weights`)."""
+    if isinstance(model, DecodesItself):
+        return model.decoder(batch, max_len)
     if forward == "auto" and unsupported(model) is None:
         column_major_weights(model)
         return LlamaDecoder(model, batch, max_len)
@@ -106,7 +113,7 @@ def distinct_prompts(prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor) 
     return first_U.scatter_reduce(0, prompt_B, rows, reduce="amin"), prompt_B
 
 
-def _decode(fwd: TransformersForward | LlamaDecoder, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor,
+def _decode(fwd: Decoder, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor,
             max_new_tokens: int, temperature: float, top_p: float, eos: int | None, pad: int,
             stops: tuple[bool, int], prompts: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """`decode`'s loop: prefill, then per step sample, record, mask finished rows, forward; every ``check_every``

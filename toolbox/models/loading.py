@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from toolbox.core.errors import ConfigError
 
@@ -18,11 +18,11 @@ class TinyModelConfig(BaseModel):
     """A tiny random-init model built from a transformers config (tests, default experiment)."""
 
     model_config = ConfigDict(extra="forbid")
-    arch: Literal["qwen2", "llama"] = Field("qwen2", description="Architecture of the tiny model.")
+    arch: Literal["qwen2", "llama"] = Field("qwen2", description="Architecture of the tiny model (model.name hf).")
     hidden_size: int = Field(64, ge=8, description="Width of the residual stream.")
     num_layers: int = Field(2, ge=1, description="Transformer blocks.")
     num_heads: int = Field(4, ge=1, description="Attention heads.")
-    num_kv_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention).")
+    num_kv_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention; model.name hf).")
     intermediate_size: int = Field(256, ge=8, description="MLP width.")
     max_positions: int = Field(64, ge=8, description="Longest sequence the model accepts.")
     alphabet: str = Field("", description="Characters of the char-level tokenizer; empty: the task's alphabet.")
@@ -42,6 +42,9 @@ class ModelConfig(BaseModel):
     """Which policy to train."""
 
     model_config = ConfigDict(extra="forbid")
+    name: str = Field("hf", description="Model family (toolbox.models.causal_lm.MODELS): hf (transformers' "
+                      "AutoModelForCausalLM), gpt (toolbox's from-scratch GPT in plain torch) or a plugin's. A saved "
+                      "directory declares its own family; this picks the one a tiny model is built as.")
     path: str = Field(
         "",
         description="Hub id or local directory loaded with from_pretrained, or a catalog name "
@@ -59,6 +62,15 @@ class ModelConfig(BaseModel):
     cold_start: ColdStartConfig | None = Field(None, description="Start from the policy a supervised run "
                                                "exports (cold start before RL, as DeepSeek-R1 and tool-use "
                                                "trainers do); cached under run_root/.models. Null: none.")
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        from toolbox.models.causal_lm import MODELS
+
+        if value not in MODELS:
+            raise ValueError(f"{value!r} is not a registered model family; allowed: {MODELS.names()}")
+        return value
 
     @model_validator(mode="after")
     def _real_model_needs_no_tiny(self) -> ModelConfig:
@@ -105,9 +117,8 @@ def _declares_generic_tokenizer(path: str) -> bool:
 
 
 def load_causal_lm(path: str, dtype: str = "float32", trust_remote_code: bool = False):  # noqa: ANN201
-    """``AutoModelForCausalLM.from_pretrained(path)`` in ``dtype``."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    """The causal LM saved at ``path`` in ``dtype``, by the family its directory declares
+    (`toolbox.models.causal_lm.MODELS`: ``AutoModelForCausalLM.from_pretrained`` for a transformers one)."""
+    from toolbox.models.causal_lm import MODELS, family_of
 
-    torch_dtype = getattr(torch, dtype)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    return MODELS.get(family_of(path)).factory().load(path, dtype, trust_remote_code)

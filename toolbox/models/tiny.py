@@ -34,6 +34,7 @@ def build_char_tokenizer(alphabet: str):  # noqa: ANN201 - transformers type
 
 
 def _model_config(cfg: TinyModelConfig, tokenizer):  # noqa: ANN001, ANN202
+    """The transformers config of a tiny ``cfg.arch`` model over ``tokenizer``'s vocabulary."""
     from transformers import LlamaConfig, Qwen2Config
 
     cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}.get(cfg.arch)
@@ -54,23 +55,22 @@ def _model_config(cfg: TinyModelConfig, tokenizer):  # noqa: ANN001, ANN202
     )
 
 
-def ensure_tiny_model(path: str | os.PathLike[str], cfg: TinyModelConfig, alphabet: str) -> Path:
-    """Write a tiny model + tokenizer to ``path`` unless one is already there; return the path."""
+def ensure_tiny_model(path: str | os.PathLike[str], cfg: TinyModelConfig, alphabet: str, family: str = "hf") -> Path:
+    """Write a tiny model of ``family`` (`toolbox.models.causal_lm.MODELS`) + tokenizer to ``path`` unless one is
+    already there; return the path."""
     target = Path(path)
     if (target / "config.json").exists():
         return target  # before importing transformers: the driver resolves the path before any actor starts
-    from transformers import AutoModelForCausalLM
+    from toolbox.models.causal_lm import MODELS
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = build_char_tokenizer(cfg.alphabet or alphabet)
     tokenizer.model_max_length = cfg.max_positions  # stated, so a prompt longer than the model is a bad row
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed)
-        model = AutoModelForCausalLM.from_config(_model_config(cfg, tokenizer))
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
-    model.save_pretrained(tmp)
+        MODELS.get(family).factory().save_tiny(cfg, tokenizer, tmp)
     tokenizer.save_pretrained(tmp)
-    model.generation_config.save_pretrained(tmp)
     try:
         os.rename(tmp, target)
     except OSError:  # another worker got there first; its copy is identical
