@@ -12,6 +12,7 @@ from tests.unit.golden import run_recipe
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.engines.decode import decode
+from toolbox.learner.hf_export import export_state
 from toolbox.models.causal_lm import DecodesItself, family_of
 from toolbox.models.gpt import GPT, GPTConfig
 from toolbox.models.loading import TinyModelConfig, load_causal_lm, load_tokenizer
@@ -34,6 +35,17 @@ def test_a_saved_gpt_declares_its_family_and_loads_back(gpt_dir: Path, tmp_path:
     for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
         torch.testing.assert_close(a.to(torch.bfloat16), b, msg=name)
     assert len(load_tokenizer(str(gpt_dir))) == model.config.vocab_size
+
+
+def test_export_writes_a_directory_that_loads_back(gpt_dir: Path, tmp_path: Path) -> None:
+    """The learner's state dict through `export_state` (what ``toolbox export`` runs), then loaded as a policy."""
+    trained = load_causal_lm(str(gpt_dir))
+    with torch.no_grad():
+        trained.lm_head.weight.add_(1.0)
+    out = export_state(trained.state_dict(), str(gpt_dir), "float32", tmp_path / "export")
+    back = load_causal_lm(str(out))
+    torch.testing.assert_close(back.lm_head.weight, trained.lm_head.weight)
+    assert len(load_tokenizer(str(out))) == back.config.vocab_size
 
 
 def test_padding_and_packed_documents_do_not_change_a_rows_logits() -> None:
