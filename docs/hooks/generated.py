@@ -68,13 +68,23 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+# How each kind of error reaches the user: the catalog's sections, in this order.
+REACHES = [
+    ("Config errors: `config error: ...`, exit 2, before anything starts", {"ConfigError", "RegistryError"}),
+    ("Data rows: `<file>:<row>: ...`", {"RowError"}),
+    ("Worker failures: `<role> rank <r> on node <ip>: ...`, exit 1", {"WorkerError"}),
+    ("Command line: `toolbox <command>: ...`", {"SystemExit"}),
+    ("Inside a worker or a library call: `... raised: ValueError: ...`", ERRORS),
+]
+
+
 def error_catalog() -> str:
-    parts = []
+    """One section per way an error reaches the user (`REACHES`), each a table of message and raise site."""
+    rows: dict[str, list[str]] = {title: [] for title, _ in REACHES}
     for path in sorted([*(ROOT / "toolbox").rglob("*.py"), *(ROOT / "actors").rglob("*.py")]):
-        found = raised_errors(path)
-        if not found:
-            continue
         rel = path.relative_to(ROOT).as_posix()
-        rows = [f"| {kind} | {_cell(text)} | `{rel}:{line}` |" for line, kind, text in found]
-        parts.append(f"### `{rel}`\n\n| error | message | raised at |\n|---|---|---|\n" + "\n".join(rows) + "\n")
-    return "\n".join(parts)
+        for line, kind, text in raised_errors(path):
+            title = next(title for title, kinds in REACHES if kind in kinds)
+            rows[title].append(f"| {_cell(text)} | {kind} | `{rel}:{line}` |")
+    return "\n".join(f"### {title}\n\n| message | error | raised at |\n|---|---|---|\n" + "\n".join(found) + "\n"
+                     for title, found in rows.items() if found)
