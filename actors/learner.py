@@ -25,7 +25,9 @@ import torch.distributed as dist
 from toolbox.core.seeding import seed_everything
 from toolbox.engines.nccl_sync import NcclSyncInit, NcclWeightSender
 from toolbox.learner.host_offload import HostOffload
+from toolbox.learner.profiling import RankProfiler
 from toolbox.learner.strategy import backend_for, peak_memory_gb, resolve_device
+from toolbox.learner.throughput import model_dims, peak_flops, train_flops
 from toolbox.models.loading import load_tokenizer
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import RolloutBatch
@@ -49,6 +51,8 @@ class LearnerWorker:
         self.device = resolve_device(device)
         self.learner: Any = None
         self.tokenizer: Any = None  # rank 0 decodes recorded samples with the policy's tokenizer
+        self.profiler: RankProfiler | None = None  # trainer.profile_steps
+        self.dims: tuple[int, int, int] | None = None  # the policy's (parameters, layers, width), for the mfu metric
 
     def ready(self) -> dict[str, str]:
         return node_info()
@@ -111,7 +115,21 @@ class LearnerWorker:
         mine = plan.shards_for(self.rank)
         fetched = resolve([shard_refs[i] for i in mine])
         metrics = self._on_device().update(plan, dict(zip(mine, fetched)))
-        return {**metrics, "train_s": time.perf_counter() - start, "peak_mem_gb": peak_memory_gb(self.device)}
+        seconds = time.perf_counter() - start
+        return {**metrics, "train_s": seconds, "peak_mem_gb": peak_memory_gb(self.device), **self._mfu(plan, seconds)}
+
+    def _mfu(self, plan: StepPlan, seconds: float) -> dict[str, float]:
+        """``mfu``: the step's model FLOPs over what ``world_size`` devices could do in this rank's time
+        (`toolbox.learner.throughput`); nothing without a peak FLOPs figure for this device."""
+        policy = getattr(self._learner, "policy", None)
+        peak = peak_flops(self.device, getattr(getattr(policy, "cfg", None), "peak_tflops", 0.0))
+        tokens = plan.metrics.get("train_tokens", 0.0)
+        if peak is None or policy is None or not tokens or seconds <= 0:
+            return {}
+        if self.dims is None:
+            self.dims = model_dims(policy.model)
+        flops = train_flops(self.dims, tokens, plan.metrics.get("train_seq_len", 0.0))
+        return {"mfu": flops / (seconds * peak * self.world_size)}
 
     def update(self, *args: Any) -> dict[str, float]:
         """``learner.update`` with every ref (or list of refs) argument fetched first (offline step index, env
@@ -162,6 +180,16 @@ class LearnerWorker:
 
     def save(self, path: str) -> str:
         return str(self._on_device().policy.save(path))
+
+    def profile(self, directory: str | None) -> str:
+        """Start recording a ``torch.profiler`` trace into ``directory``, or (``None``) stop and write it;
+        returns the trace's path when stopping (`toolbox.learner.profiling`)."""
+        if self.profiler is None:
+            self.profiler = RankProfiler(self.rank)
+        if directory is not None:
+            self.profiler.start(directory)
+            return ""
+        return self.profiler.stop()
 
     def load(self, path: str) -> int:
         return self._on_device().policy.load(path)

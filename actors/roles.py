@@ -151,6 +151,11 @@ class LearnerGroupBase(RoleGroup):
         """The policy as a Hugging Face model directory at ``path`` (every rank gathers, rank 0 writes); waits."""
         return str(self.broadcast("export_hf", path).result()[0])
 
+    def profile(self, directory: str | None) -> list[str]:
+        """Every rank starts a ``torch.profiler`` trace into ``directory`` (queued before the step's calls, so
+        it records them), or with ``None`` stops and writes it; waits, and returns the traces written."""
+        return [str(p) for p in self.broadcast("profile", directory).result() if p]
+
 
 class PolicyLearnerGroup(LearnerGroupBase, PolicyLearnerRole):
     """Learner ranks of an online policy algorithm (`toolbox.actors.learner.LearnerWorker`)."""

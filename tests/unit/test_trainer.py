@@ -141,6 +141,8 @@ def expected_events(start: int, total: int, eval_every: int, save_every: int,
             out.append(("EVAL_END", step))
         if step == total or (save_every and step % save_every == 0):
             out.append(("CHECKPOINT_SAVED", step))
+    if not eval_every and rollouts and start < total:  # trainer.final_eval: once more after the last checkpoint
+        out.append(("EVAL_END", total))
     return out + [("FIT_END", total)]
 
 
@@ -183,10 +185,13 @@ def test_step_metrics_are_rank_means(tmp_path: Path) -> None:
     assert all({"loss", "sync_s", "driver_wait_s", "step_time_s"} <= m.keys() for m in steps)
 
 
-def test_defaults_save_only_at_the_end_and_never_evaluate(tmp_path: Path) -> None:
+def test_defaults_save_only_at_the_end_and_evaluate_once_after(tmp_path: Path) -> None:
     trainer, rec, _ = make_trainer(tmp_path, total_steps=3)
     trainer.fit()
     assert rec.kinds() == expected_events(0, 3, eval_every=0, save_every=0)
+    assert [p.get("final") for e, p in rec.events if e is Event.EVAL_END] == [True]
+    quiet, rec, _ = make_trainer(tmp_path / "q", total_steps=3, final_eval=False)
+    quiet.fit()
     assert not any(e is Event.EVAL_END for e, _ in rec.events)
 
 

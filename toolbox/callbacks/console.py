@@ -25,7 +25,7 @@ from toolbox.core.events import Event, EventBus
 
 SHOWN = (("reward", "reward"), ("env_steps", "env steps"), ("episode_return", "return"), ("loss", "loss"),
          ("policy_loss", "pi loss"), ("value_loss", "vf loss"), ("kl", "kl"), ("response_len", "len"),
-         ("env_steps_per_s", "steps/s"), ("step_time_s", "s/step"))
+         ("env_steps_per_s", "steps/s"), ("learner_tokens_per_s", "tok/s"), ("mfu", "mfu"), ("step_time_s", "s/step"))
 
 
 class ConsoleConfig(BaseModel):

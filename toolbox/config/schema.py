@@ -134,6 +134,22 @@ class RewardConfig(BaseModel):
                               "dead worker fails the run.")
 
 
+class WatchConfig(BaseModel):
+    """One metric a run watches (`toolbox.trainers.watch`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    metric: str = Field(description="A step metric (reward, loss) or an evaluation's as eval/NAME (eval/reward).")
+    mode: Literal["max", "min"] = Field("max", description="Whether higher (max) or lower (min) is better.")
+    min_delta: float = Field(0.0, ge=0, description="Smallest change that counts as an improvement.")
+
+
+class EarlyStopConfig(WatchConfig):
+    """Stop the run when the metric has not improved for ``patience`` observations."""
+
+    patience: int = Field(3, ge=1, description="Observations of the metric (steps, or evaluations for eval/NAME) "
+                          "without improvement after which the run stops, with a final checkpoint.")
+
+
 class TrainerConfig(BaseModel):
     """The driver loop: length, evaluation, checkpoints, where results go."""
 
@@ -145,6 +161,16 @@ class TrainerConfig(BaseModel):
                                   "0: keep all).")
     eval_every: int = Field(0, ge=0, description="Evaluate every N steps (0: never during training).")
     eval_prompts: int = Field(32, ge=1, description="Held-out prompts per evaluation (greedy decoding).")
+    final_eval: bool = Field(True, description="Evaluate once more at the end of the run (after its last "
+                             "checkpoint, unless the last step was just evaluated), whatever eval_every says.")
+    early_stop: EarlyStopConfig | None = Field(None, description="Stop when a metric stops improving: {metric: "
+                                               "eval/reward, patience: 3}. Unset: run total_steps.")
+    profile_steps: list[int] = Field(default_factory=list, description="Training steps (1 = the first) to record "
+                                     "with torch.profiler on every learner rank: RUN_DIR/profile/step_N/rank_R.json, "
+                                     "Chrome traces that Perfetto and TensorBoard open.")
+    keep_best: WatchConfig | None = Field(None, description="Keep the checkpoint saved at the best value of a metric "
+                                          "in RUN_DIR/checkpoints/best (beside the newest keep_checkpoints): "
+                                          "{metric: eval/reward}.")
     seed: int = Field(0, description="Seed of prompts, sampling and initialisation.")
     run_root: str = Field("runs", description="Directory under which each run gets its own directory: a path, or "
                           "a URL of a filesystem fsspec knows (s3://, gs://, az://, hf://, memory://; its package "
@@ -167,6 +193,15 @@ class TrainerConfig(BaseModel):
     shared_fs: bool = Field(False, description="Assert that run_root is on a filesystem every Ray node sees (NFS, a "
                             "Kubernetes RWX volume, the same machine): required on a cluster of more than one node, "
                             "where learner ranks on other nodes write the checkpoints.")
+
+    @model_validator(mode="after")
+    def _watched(self) -> TrainerConfig:
+        for name in ("early_stop", "keep_best"):
+            watch = getattr(self, name)
+            if watch is not None and watch.metric.startswith("eval/") and not self.eval_every:
+                raise ConfigError(f"trainer.{name}.metric={watch.metric!r} is an evaluation's metric and "
+                                  "trainer.eval_every is 0 (set eval_every, or watch a step metric)")
+        return self
 
     @field_validator("run_root", "resume_from")
     @classmethod

@@ -117,6 +117,9 @@ class LearnerConfig(BaseModel):
     max_bad_steps: int = Field(3, ge=0, description="Fail the run after this many optimizer steps in a row with a "
                                "non-finite gradient norm (each is skipped and counted in the bad_steps metric); "
                                "0: never fail, only skip.")
+    peak_tflops: float = Field(0.0, ge=0, description="Peak TFLOP/s of one learner device, for the mfu metric "
+                               "(model FLOPs utilisation); 0: the dense bf16 figure of a known GPU (A100, H100, ...), "
+                               "and no mfu on CPU or an unknown device.")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer settings.")
     critic_optim: OptimConfig | None = Field(None, description="Optimizer settings of a critic (ppo), whole, "
                                              "lr included; unset: learner.optim at algorithm.critic_lr.")

@@ -128,4 +128,15 @@ def read_step(shards: list[RolloutBatch], results: list[RewardResult], keep_grou
         kept = torch.isin(batch.group_B, torch.tensor(keep_groups)).nonzero().squeeze(1)
         batch, rewards = batch.select(kept), rewards.select(kept)
     metrics["response_len"] = float(batch.response_lengths_B.float().mean())
+    metrics.update(token_counts(shards, batch))
     return StepRows(batch, rewards, kept, width, metrics)
+
+
+def token_counts(shards: list[RolloutBatch], kept: RolloutBatch) -> dict[str, float]:
+    """``sampled_tokens`` (response tokens every shard generated), ``samples`` (rows scored), ``train_tokens``
+    (prompt and response tokens of the kept rows) and ``train_seq_len`` (their mean length): the counts of the
+    step's throughput (`toolbox.learner.throughput`)."""
+    lengths_B = kept.prompt_mask_BP.sum(dim=1) + kept.response_mask_BR.sum(dim=1)
+    return {"sampled_tokens": float(sum(int(s.response_mask_BR.sum()) for s in shards)),
+            "samples": float(sum(len(s) for s in shards)), "train_tokens": float(lengths_B.sum()),
+            "train_seq_len": float(lengths_B.float().mean()) if len(kept) else 0.0}

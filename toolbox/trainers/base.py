@@ -23,10 +23,12 @@ import torch
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import Event, EventBus
 from toolbox.trainers import checkpoints
-from toolbox.trainers.roles import StatefulRole
+from toolbox.trainers.roles import CheckpointRole, StatefulRole
+from toolbox.trainers.watch import MetricWatch, keep_best
 
 log = logging.getLogger(__name__)
 TRAINER_STATE = "trainer_state.pt"  # the driver's part of a checkpoint
+THROUGHPUT = ("rollout_tokens_per_s", "learner_tokens_per_s", "mfu")  # step metrics the summary averages
 
 
 class BaseTrainer(ABC):
@@ -37,37 +39,83 @@ class BaseTrainer(ABC):
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.last_checkpoint = ""
+        self.latest_eval: tuple[int, dict[str, float]] | None = None  # (step, metrics) of the latest evaluation
+        self.early_stop = MetricWatch(cfg.early_stop, "trainer.early_stop") if cfg.early_stop else None
+        self.best = MetricWatch(cfg.keep_best, "trainer.keep_best") if cfg.keep_best else None
+        self.best_saved: float | None = None  # the watched value at the current best checkpoint
 
     # ---- the skeleton -------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
         start = time.perf_counter()
-        self.step = self.prepare()
+        self.step = start_step = self.prepare()
         self.bus.emit(Event.FIT_START, {"start_step": self.step, "total_steps": self.cfg.total_steps})
         while self.step < self.cfg.total_steps:
-            t0 = time.perf_counter()
-            metrics = self.train_step(self.step)
-            self.step += 1
-            metrics["step_time_s"] = time.perf_counter() - t0
-            self.history.append(metrics)
-            self.bus.emit(Event.STEP_END, {"step": self.step, "metrics": metrics})
+            self.bus.emit(Event.STEP_END, {"step": self.step + 1, "metrics": self._timed_step()})
+            self._observe("", self.history[-1])
             self.maybe_evaluate()
-            stop = self.should_stop()
+            stop = self.should_stop() or self._patience_spent()
             self.maybe_save(final=stop)
             if stop:
                 break
+        if self.cfg.final_eval and self.step > start_step and (self.latest_eval is None or self.latest_eval[0] != self.step):
+            self.maybe_evaluate(final=True)
         summary = self.summarize(time.perf_counter() - start)
         self.finish()
         self.bus.emit(Event.FIT_END, {"step": self.step, "summary": summary})
         return summary
 
-    def maybe_evaluate(self) -> None:
-        if self.evaluates_after(self.step):
-            self.bus.emit(Event.EVAL_END, {"step": self.step, "metrics": self.evaluate()})
+    def _timed_step(self) -> dict[str, float]:
+        """``train_step``, timed (and profiled when ``trainer.profile_steps`` names it); advances ``step``."""
+        target = self.profile_target() if self.step + 1 in self.cfg.profile_steps else None
+        if target is not None:
+            target[0].profile(str(target[1] / "profile" / f"step_{self.step + 1}"))
+        t0 = time.perf_counter()
+        metrics = self.train_step(self.step)
+        self.step += 1
+        metrics["step_time_s"] = time.perf_counter() - t0
+        if target is not None:
+            log.info("profile of step %d: %s", self.step, ", ".join(target[0].profile(None)))
+        self.history.append(metrics)
+        return metrics
+
+    def maybe_evaluate(self, final: bool = False) -> None:
+        """Evaluate when ``trainer.eval_every`` says, or ``final``: the end-of-run evaluation, whose event is left
+        out for an algorithm without an evaluation (no metrics)."""
+        if not (final or self.evaluates_after(self.step)):
+            return
+        metrics = self.evaluate()
+        if final and not metrics:
+            return
+        self.latest_eval = (self.step, metrics)
+        self.bus.emit(Event.EVAL_END, {"step": self.step, "metrics": metrics, **({"final": True} if final else {})})
+        self._observe("eval", metrics)
 
     def maybe_save(self, final: bool = False) -> None:
         if final or self.saves_after(self.step):
             self.last_checkpoint = self.save(self.step)
             self.bus.emit(Event.CHECKPOINT_SAVED, {"step": self.step, "path": self.last_checkpoint})
+            self._keep_if_best()
+
+    def _observe(self, source: str, metrics: dict[str, float]) -> None:
+        for watch in (self.early_stop, self.best):
+            if watch is not None:
+                watch.observe(source, metrics)
+
+    def _patience_spent(self) -> bool:
+        watch, cfg = self.early_stop, self.cfg.early_stop
+        if watch is None or cfg is None or watch.since_best < cfg.patience:
+            return False
+        log.info("early stop at step %d: %s has not improved on %.4g for %d observations", self.step,
+                 watch.cfg.metric, watch.best, watch.since_best)
+        return True
+
+    def _keep_if_best(self) -> None:
+        watch = self.best
+        if watch is None or watch.latest is None or not watch.better(watch.latest, self.best_saved):
+            return
+        self.best_saved = watch.latest
+        path = keep_best(Path(self.last_checkpoint), self.step, watch.cfg.metric, watch.latest)
+        log.info("best checkpoint so far (%s = %.4g): %s", watch.cfg.metric, watch.latest, path)
 
     def evaluates_after(self, done: int) -> bool:
         """Whether the loop evaluates once ``done`` steps are done (every ``trainer.eval_every``, and at the end)."""
@@ -87,6 +135,14 @@ class BaseTrainer(ABC):
         if rewards:
             summary["reward_first_10pct"] = sum(rewards[:k]) / k
             summary["reward_last_10pct"] = sum(rewards[-k:]) / k
+        steady = self.history[1:] or self.history  # the first step pays for warm-up (compilation, caches)
+        for key in THROUGHPUT:
+            values = [m[key] for m in steady if key in m]
+            if values:
+                summary[f"mean_{key}"] = sum(values) / len(values)
+        if self.latest_eval is not None:  # the latest evaluation (the final one, with trainer.final_eval)
+            summary["eval_step"] = self.latest_eval[0]
+            summary.update({f"eval/{k}": v for k, v in self.latest_eval[1].items()})
         summary["train_wall_time_s"] = round(wall_s, 1)
         summary["last_checkpoint"] = self.last_checkpoint
         return summary
@@ -112,6 +168,11 @@ class BaseTrainer(ABC):
         """Checkpoint; returns where it went."""
 
     def finish(self) -> None:
+        return None
+
+    def profile_target(self) -> tuple[CheckpointRole, Path] | None:
+        """The learner group whose ranks ``trainer.profile_steps`` records, and the run directory its traces go
+        to; ``None``: this trainer has none to profile."""
         return None
 
     def stateful_roles(self) -> dict[str, StatefulRole]:

@@ -14,7 +14,7 @@ from typing import Any
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import EventBus
 from toolbox.trainers.base import BaseTrainer
-from toolbox.trainers.roles import OfflineLearnerRole
+from toolbox.trainers.roles import CheckpointRole, OfflineLearnerRole
 
 
 class OfflineTrainer(BaseTrainer):
@@ -37,6 +37,9 @@ class OfflineTrainer(BaseTrainer):
 
     def save(self, step: int) -> str:
         return self.save_checkpoint(self.run_dir, step, self.learner.save)
+
+    def profile_target(self) -> tuple[CheckpointRole, Path]:
+        return self.learner, self.run_dir
 
     def finish(self) -> None:
         """With ``trainer.export``: the final policy as a Hugging Face model directory, RUN_DIR/hf."""

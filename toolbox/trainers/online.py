@@ -34,13 +34,21 @@ from toolbox.core.events import Event, EventBus
 from toolbox.core.pending import Pending, wait
 from toolbox.data.prompts import PromptSource, split_even, split_groups
 from toolbox.engines.base import SamplingConfig
+from toolbox.learner.throughput import step_rates
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import PromptRequest, RolloutBatch
 from toolbox.rl.sampling import choose_groups, informative_groups
 from toolbox.tracing.entries import StepSamples, TraceRequest
 from toolbox.trainers.base import BaseTrainer
 from toolbox.trainers.healing import step_with_restarts, with_restarts
-from toolbox.trainers.roles import Metrics, PolicyLearnerRole, RewardRole, RolloutRole, StatefulRole
+from toolbox.trainers.roles import (
+    CheckpointRole,
+    Metrics,
+    PolicyLearnerRole,
+    RewardRole,
+    RolloutRole,
+    StatefulRole,
+)
 
 
 def mean_over_ranks(per_rank: list[Metrics]) -> Metrics:
@@ -134,6 +142,7 @@ class OnlineTrainer(BaseTrainer):
         metrics["sync_s"] = max((s for load in calls.due for s in load.result()), default=0.0)
         metrics["driver_wait_s"] = time.perf_counter() - t0
         metrics.update(role_shares(metrics, step - calls.version))
+        metrics.update(step_rates(metrics))
         self.bus.emit(Event.ROLLOUT_END, {"step": step + 1, "rounds": len(calls.rounds) or 1, "rows": calls.rows})
         recorded = calls.samples[0].result()[0] if calls.samples else None
         if recorded is not None:  # a learner whose plan records nothing (a plugin's) has none
@@ -168,13 +177,14 @@ class OnlineTrainer(BaseTrainer):
     def _submits_next(self, step: int) -> bool:
         """Whether step ``step + 1``'s calls may go out before step ``step``'s wait: not when something happens
         between the two steps that must see step ``step``'s results or weights and not ``step + 1``'s (an
-        evaluation, a checkpoint, the end of the run, a plugin's early stop), nor with DAPO's dynamic sampling (its
+        evaluation, a checkpoint, the end of the run, an early stop, a profiled step), nor with DAPO's dynamic sampling (its
         rounds look at rewards first). The workers run the calls in the same order either way: the numbers do not
         change, only the driver's reporting overlaps the learner's next update."""
         nxt = step + 1
         return (self.dynamic is None and nxt < self.cfg.total_steps and nxt not in self.submitted
                 and not self.evaluates_after(nxt) and not self.saves_after(nxt)
-                and type(self).should_stop is BaseTrainer.should_stop)
+                and type(self).should_stop is BaseTrainer.should_stop and self.early_stop is None
+                and nxt + 1 not in self.cfg.profile_steps)  # a profile starts before the step's update is queued
 
     def trace_request(self, step: int) -> TraceRequest | None:
         """At every ``trainer.log_samples_every``-th step (the first included): record ``trainer.log_samples``
@@ -270,6 +280,9 @@ class OnlineTrainer(BaseTrainer):
     def stateful_roles(self) -> dict[str, StatefulRole]:
         """Rollout sampling and reward RNG streams; prompts follow from (seed, step) and need no state."""
         return {"rollout": self.rollout, "reward": self.reward}
+
+    def profile_target(self) -> tuple[CheckpointRole, Path]:
+        return self.learner, self.run_dir
 
     def finish(self) -> None:
         """The weight loads still queued are waited for (a failed one fails the run); with ``trainer.export``: the

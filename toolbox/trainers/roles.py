@@ -87,6 +87,10 @@ class CheckpointRole(Role, Protocol):
         """The policy as a Hugging Face model directory at ``path`` (``from_pretrained`` loads it); returns it."""
         ...
 
+    def profile(self, directory: str | None) -> list[str]:
+        """Start a ``torch.profiler`` trace on every rank into ``directory``, or (``None``) stop and write them."""
+        ...
+
 
 class PolicyLearnerRole(CheckpointRole, Protocol):
     """Learners of online policy algorithms (GRPO, PPO, online DPO)."""

@@ -18,7 +18,7 @@ from toolbox.core.events import Event, EventBus
 from toolbox.core.pending import Pending, wait
 from toolbox.trainers.base import BaseTrainer
 from toolbox.trainers.online import mean_over_ranks
-from toolbox.trainers.roles import EnvLearnerRole, EnvRunnerRole, StatefulRole
+from toolbox.trainers.roles import CheckpointRole, EnvLearnerRole, EnvRunnerRole, StatefulRole
 
 EVAL_SEED_BASE = 10**9  # evaluation seeds sit far above the training envs' (seed * 10**5 + rank * 10**3 + i)
 
@@ -88,6 +88,9 @@ class PPOEnvTrainer(BaseTrainer):
         self.last_eval = _mean(returns)
         return {"eval_return": self.last_eval, "eval_return_min": min(returns), "eval_episodes": float(len(returns)),
                 "env_steps": float(self.env_steps)}
+
+    def profile_target(self) -> tuple[CheckpointRole, Path]:
+        return self.learner, self.run_dir
 
     def should_stop(self) -> bool:
         target = self.algo.target_return

@@ -1,0 +1,76 @@
+"""Watching one metric over a run: early stopping with patience, and keeping the best checkpoint by it.
+
+A metric is named as the metrics files name it: ``reward`` is a training-step metric, ``eval/reward`` the same
+key of an evaluation's metrics. Patience counts the metric's observations (steps, or evaluations for an
+``eval/`` metric) without an improvement of more than ``min_delta``. The best checkpoint is the one saved
+when the metric's latest value was the best seen at any save; it lives in ``checkpoints/best`` (hard links to
+the files of its ``step_N``, so keeping it costs no space while that ``step_N`` exists, and it survives
+``trainer.keep_checkpoints`` pruning), with ``best.json`` saying which step and value it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from toolbox.config.schema import WatchConfig
+from toolbox.core.errors import ConfigError
+
+BEST = "best"
+
+
+class MetricWatch:
+    """The latest and best values of one metric (``field`` names the config section, for errors)."""
+
+    def __init__(self, cfg: WatchConfig, field: str) -> None:
+        self.cfg, self.field = cfg, field
+        self.source, _, self.key = cfg.metric.rpartition("/")
+        self.latest: float | None = None
+        self.best: float | None = None
+        self.since_best = 0
+
+    def better(self, value: float, than: float | None) -> bool:
+        if than is None:
+            return True
+        gain = value - than if self.cfg.mode == "max" else than - value
+        return gain > self.cfg.min_delta
+
+    def observe(self, source: str, metrics: dict[str, float]) -> None:
+        """Take the metric from one event's metrics (``source`` "" for a step, "eval" for an evaluation)."""
+        if source != self.source:
+            return
+        if self.key not in metrics:
+            where = f"{self.source} metrics" if self.source else "step metrics"
+            raise ConfigError(f"{self.field}.metric={self.cfg.metric!r}: the {where} have no {self.key!r}; they have "
+                              f"{sorted(metrics)} (an evaluation's as eval/NAME)")
+        self.latest = float(metrics[self.key])
+        if self.better(self.latest, self.best):
+            self.best, self.since_best = self.latest, 0
+        else:
+            self.since_best += 1
+
+
+def keep_best(checkpoint: Path, step: int, metric: str, value: float) -> Path:
+    """Make ``checkpoints/best`` the checkpoint ``checkpoint`` (hard-linked files; copies where links fail),
+    replacing the previous best; returns its path."""
+    best = checkpoint.parent / BEST
+    staging = best.with_name(BEST + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(checkpoint, staging, copy_function=_link_or_copy)
+    (staging / "best.json").write_text(json.dumps({"step": step, "metric": metric, "value": value}))
+    old = best.with_name(BEST + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if best.exists():
+        os.replace(best, old)
+    os.replace(staging, best)
+    shutil.rmtree(old, ignore_errors=True)
+    return best
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem, or one without hard links
+        shutil.copy2(src, dst)
