@@ -173,6 +173,30 @@ def dashboard_figure(runs: Sequence[RunSeries], title: str = "", extra: Sequence
     return fig
 
 
+def line_chart(series: dict[str, Sequence[tuple[float, float]]], path: Path, xlabel: str, ylabel: str,
+               title: str = "") -> Path:
+    """One panel of named (x, y) series, a line with markers each (a few measured points, such as held-out
+    accuracy against training time), saved as a PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for name, points in series.items():
+        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def _curve_panel(ax: Any, keys: Sequence[str], runs: Sequence[RunSeries], colors: list[str]) -> None:
     """Each run's metric against step: the raw values faint, a moving average (a tenth of the run) solid."""
     import numpy as np

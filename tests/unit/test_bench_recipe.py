@@ -32,3 +32,54 @@ def test_figures_table_and_the_command_a_report_names() -> None:
     assert rows[2] == ["held-out pass@1, base", "0.200 (200 prompts)"]
     assert rows[3] == ["held-out pass@1, trained", "0.610 (200 prompts)"]
     assert recipe._without_figures(["x", "--figures", "f.json", "--report", "r.md"]) == ["x", "--report", "r.md"]
+
+
+def _metrics(run: Path, step_times: list[float]) -> None:
+    lines = [{"event": "step_end", "step": i, "metrics": {"step_time_s": t}} for i, t in enumerate(step_times, 1)]
+    lines.insert(2, {"event": "eval_end", "step": 2, "metrics": {"greedy_reward": 0.5}})  # not a step
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_toolbox_points_sum_step_time_at_every_kth_step_and_the_last(tmp_path: Path) -> None:
+    from toolbox.bench._recipe_vs_trl import toolbox_points
+
+    _metrics(tmp_path, [10.0, 5.0, 5.0, 4.0, 6.0])
+    assert toolbox_points(tmp_path, 2) == [{"step": 2.0, "train_s": 15.0}, {"step": 4.0, "train_s": 24.0},
+                                           {"step": 5.0, "train_s": 30.0}]
+
+
+def test_equal_time_takes_the_shorter_sides_budget() -> None:
+    from toolbox.bench._recipe_vs_trl import equal_time
+
+    ours = [{"step": 0, "train_s": 0, "pass@1": 0.1}, {"step": 10, "train_s": 100, "pass@1": 0.3},
+            {"step": 20, "train_s": 200, "pass@1": 0.5}]
+    # TRL stopped on the budget (its last step crossed toolbox's 200 s): both last points
+    stopped = [ours[0], {"step": 7, "train_s": 150, "pass@1": 0.2}, {"step": 9, "train_s": 205, "pass@1": 0.25}]
+    found = equal_time({"toolbox": ours, "trl": stopped})
+    assert found["equal_s"] == 200 and found["at_equal"]["trl"]["step"] == 9 and found["at_equal"]["toolbox"]["step"] == 20
+    # TRL ran out of steps at 150 s: toolbox's last point within 150 s, not a later one
+    short = [ours[0], {"step": 20, "train_s": 150, "pass@1": 0.4}]
+    found = equal_time({"toolbox": ours, "trl": short})
+    assert found["equal_s"] == 150 and found["at_equal"]["toolbox"]["step"] == 10
+    headline = recipe.race_headline(found)
+    assert "toolbox 0.300" in headline and "TRL 0.400 after 20" in headline and "(150 s" in headline
+
+
+def test_race_plot_and_table(tmp_path: Path) -> None:
+    curves = {"toolbox": [{"step": 0.0, "train_s": 0.0, "pass@1": 0.1}, {"step": 10.0, "train_s": 90.0, "pass@1": 0.3}],
+              "trl": [{"step": 0.0, "train_s": 0.0, "pass@1": 0.1}, {"step": 6.0, "train_s": 95.0, "pass@1": 0.2}]}
+    figures = {"experiment": "x", "vs_trl": {"curves": curves}}
+    path = recipe.race_plot(figures, tmp_path / "race.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    assert recipe.race_table(figures["vs_trl"]).rows[-1] == ["trl", "6", "95", "0.200"]
+
+
+def test_memory_at_the_peak_names_each_process() -> None:
+    from toolbox.bench._memory import PeakTreeMemory
+
+    with PeakTreeMemory(period_s=0.05) as memory:
+        pass
+    assert memory.at_peak and abs(sum(mib for _, mib in memory.at_peak) - memory.peak_mib) < 1e-6
+    assert any(label.endswith("-m pytest") for label, _ in memory.at_peak)
+    table = recipe.memory_table({"at_peak_mib": [["ray::RolloutWorker", 800]]})
+    assert table.rows == [["ray::RolloutWorker", "800"]]

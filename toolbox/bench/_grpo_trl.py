@@ -63,9 +63,10 @@ def trl_callback(watch: Stopwatch) -> Any:
 
 
 def run_trl(model_dir: str, rows: list[dict[str, str]], reward_spec: dict[str, Any], sizes: dict[str, Any],
-            **settings: Any) -> dict:
+            peft_config: Any = None, callbacks: tuple[Any, ...] = (), **settings: Any) -> dict:
     """Train for ``len(rows) / prompts`` steps; returns step ends, per-step phase seconds and mean rewards,
-    completion lengths and the peak PSS of this process. ``settings`` replace `trl_config`'s."""
+    completion lengths and the peak PSS of this process. ``settings`` replace `trl_config`'s; ``peft_config``
+    (a peft ``LoraConfig``) trains adapters, ``callbacks`` are more transformers ``TrainerCallback``s."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
@@ -94,7 +95,7 @@ def run_trl(model_dir: str, rows: list[dict[str, str]], reward_spec: dict[str, A
         model.generate = watch.wrap("generate_s", model.generate)  # type: ignore[method-assign]
         trainer = GRPOTrainer(model=model, reward_funcs=watch.wrap("reward_s", math_reward), args=config,
                               train_dataset=Dataset.from_list(rows), processing_class=load_tokenizer(model_dir),
-                              callbacks=[trl_callback(watch)])
+                              callbacks=[trl_callback(watch), *callbacks], peft_config=peft_config)
         trainer.train()
         memory.sample()
     return {"ends": watch.ends, "wall_ends": watch.wall_ends, "cpu": watch.cpu, "phases": watch.spent,

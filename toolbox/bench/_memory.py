@@ -44,20 +44,46 @@ def tree_pss_mib(root: psutil.Process) -> float:
     return _sum_over_tree(root, lambda p: p.memory_full_info().pss) / MIB
 
 
+def _label(proc: psutil.Process) -> str:
+    """A process as a person names it: Ray's title (``ray::RolloutWorker.generate``, ``raylet``), ``python -m
+    MODULE``, or the program and its script (``python dashboard.py``)."""
+    words = proc.cmdline() or [proc.name()]
+    head = words[0].rsplit("/", 1)[-1]
+    if "-m" in words[1:-1]:
+        return f"{head} -m {words[words.index('-m') + 1]}"
+    script = next((w.rsplit("/", 1)[-1] for w in words[1:] if w.endswith(".py")), "")
+    return f"{head} {script}".strip()[:60]
+
+
+def tree_pss_by_process(root: psutil.Process) -> list[tuple[str, float]]:
+    """(label, PSS MiB) of each live process of ``root``'s tree, largest first."""
+    found = []
+    for proc in _tree(root):
+        try:
+            found.append((_label(proc), proc.memory_full_info().pss / MIB))
+        except psutil.Error:
+            continue
+    return sorted(found, key=lambda row: -row[1])
+
+
 class PeakTreeMemory:
     """``with PeakTreeMemory() as mem: ...`` then ``mem.peak_mib``: the largest `tree_pss_mib` of this process's
-    tree seen, polling every ``period_s`` seconds (and once at the start and the end)."""
+    tree seen, polling every ``period_s`` seconds (and once at the start and the end); ``mem.at_peak`` holds
+    each process's share at that moment (`tree_pss_by_process`), which says where the memory goes."""
 
     def __init__(self, period_s: float = 1.0) -> None:
         self.period_s = period_s
         self.peak_mib = 0.0
+        self.at_peak: list[tuple[str, float]] = []
         self._root = psutil.Process()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="peak-tree-memory", daemon=True)
 
     def sample(self) -> float:
-        now = tree_pss_mib(self._root)
-        self.peak_mib = max(self.peak_mib, now)
+        rows = tree_pss_by_process(self._root)
+        now = sum(mib for _, mib in rows)
+        if now > self.peak_mib:
+            self.peak_mib, self.at_peak = now, rows
         return now
 
     def _poll(self) -> None:

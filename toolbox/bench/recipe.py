@@ -32,6 +32,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("experiment", help="a shipped experiment name or a YAML path")
     parser.add_argument("--base-eval", action="store_true", help="also score the untrained base model")
     parser.add_argument("--eval-prompts", type=int, default=0, help="held-out prompts to score (0: the whole split)")
+    parser.add_argument("--vs", choices=["trl"], default=None,
+                        help="also train TRL's GRPOTrainer on the recipe's workload for the same training seconds, "
+                        "score both sides' checkpoints and plot both curves (`toolbox.bench._recipe_vs_trl`)")
+    parser.add_argument("--every", type=int, default=10, help="with --vs: checkpoint (and score) every N steps")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     parser.add_argument("--figures", type=Path, default=None,
                         help="report the figures of an earlier --out JSON instead of running (no run, no eval)")
@@ -54,7 +58,8 @@ def run_recipe(experiment: str, overrides: list[str]) -> dict[str, Any]:
     found = RUN_DIR.search(done.stdout + done.stderr)  # the console writes to stderr when stdout is not a tty
     if found is None:
         raise SystemExit("bench recipe: the run printed no `results: RUN_DIR` line")
-    return {"wall_s": wall_s, "peak_pss_gib": memory.peak_mib / 1024, "run_dir": found.group(1)}
+    return {"wall_s": wall_s, "peak_pss_gib": memory.peak_mib / 1024, "run_dir": found.group(1),
+            "at_peak_mib": [[label, round(mib)] for label, mib in memory.at_peak]}
 
 
 def evaluate(experiment: str, model: str, overrides: list[str], prompts: int, out: Path) -> dict[str, float]:
@@ -73,6 +78,36 @@ def figures_table(figures: dict[str, Any]) -> ReportTable:
             metrics = figures[name]
             rows.append([f"held-out pass@1, {name}", f"{metrics['pass@1']:.3f} ({int(metrics['prompts'])} prompts)"])
     return ReportTable(f"recipe {figures['experiment']}", ["measure", "value"], rows)
+
+
+def race_table(race: dict[str, Any]) -> ReportTable:
+    """Both sides' scored points: step, training seconds, held-out pass@1."""
+    rows = [[side, f"{p['step']:.0f}", f"{p['train_s']:.0f}", f"{p['pass@1']:.3f}"]
+            for side, points in race["curves"].items() for p in points]
+    return ReportTable("held-out pass@1 against training time, toolbox and TRL",
+                       ["side", "step", "training s", "pass@1"], rows)
+
+
+def race_headline(race: dict[str, Any]) -> str:
+    ours, theirs = race["at_equal"]["toolbox"], race["at_equal"]["trl"]
+    return (f"**At equal training time ({race['equal_s']:.0f} s, the shorter side's): toolbox {ours['pass@1']:.3f} "
+            f"held-out pass@1 after {ours['step']:.0f} steps, TRL {theirs['pass@1']:.3f} after {theirs['step']:.0f}.** "
+            "Training time excludes start-up, model loads, evaluation and checkpoints on both sides; how the sides "
+            "are kept equal: `toolbox/bench/_recipe_vs_trl.py`.")
+
+
+def race_plot(figures: dict[str, Any], path: Path) -> Path:
+    from toolbox.plot import line_chart
+
+    series = {side: [(p["train_s"], p["pass@1"]) for p in points] for side, points in figures["vs_trl"]["curves"].items()}
+    return line_chart(series, path, "training seconds (2 CPU cores)", "held-out pass@1",
+                      f"{figures['experiment']}: toolbox against TRL")
+
+
+def memory_table(figures: dict[str, Any]) -> ReportTable:
+    """Each process's PSS when the whole tree peaked: which role holds the memory."""
+    rows = [[label, f"{mib}"] for label, mib in figures.get("at_peak_mib", [])]
+    return ReportTable("memory at the peak, by process", ["process", "PSS MiB"], rows)
 
 
 def examples_table(run_dir: Path, count: int = 4) -> ReportTable:
@@ -109,6 +144,8 @@ def _without_figures(argv: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     args, overrides = parse(argv)
+    if args.vs:  # every point of the toolbox curve is a checkpoint to score
+        overrides = [*overrides, f"trainer.save_every={args.every}", "trainer.keep_checkpoints=0"]
     if args.figures:
         figures: dict[str, Any] = json.loads(args.figures.read_text())
     else:
@@ -119,13 +156,28 @@ def main(argv: list[str]) -> int:
                                       run_dir / "eval")
         if args.base_eval:
             figures["base"] = evaluate(str(run_dir / "config.yaml"), "", [], args.eval_prompts, run_dir / "eval-base")
+        if args.vs:
+            from toolbox.bench._recipe_vs_trl import race
+
+            figures["vs_trl"] = race(figures, args.every, lambda config, model, out: evaluate(
+                config, model, [], args.eval_prompts, out))
     tables = [figures_table(figures)]
+    if figures.get("at_peak_mib"):
+        tables.append(memory_table(figures))
     if "base" in figures:
         tables.append(examples_table(Path(figures["run_dir"])))
-    print_tables(tables, [f"run directory: {figures['run_dir']}"])
+    notes = []
+    if "vs_trl" in figures:
+        tables.append(race_table(figures["vs_trl"]))
+        notes.append(race_headline(figures["vs_trl"]))
+        if args.report:
+            plot = args.report.with_name(f"{args.report.stem}_{figures['experiment']}_vs_trl.png")
+            race_plot(figures, plot)
+            notes.append(f"![{figures['experiment']} against TRL]({plot.name})")
+    print_tables(tables, [f"run directory: {figures['run_dir']}", *notes])
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")
     if args.report:
-        write_section(args.report, section(f"recipe {figures['experiment']}", tables, [],
+        write_section(args.report, section(f"recipe {figures['experiment']}", tables, notes,
                                            command_line("recipe", _without_figures(argv))))
     return 0
