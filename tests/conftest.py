@@ -1,13 +1,15 @@
 """Shared fixtures: one local Ray instance per test session (integration tests), tiny models in tmp dirs.
 
-Under pytest-xdist (``make test`` runs ``-n 2``) every test that starts Ray (tests/integration, tests/e2e, and
-tests/realmodel, whose modules share one loaded copy of a real model) is one unit of work
-(`pytest_xdist_make_scheduler`), so they run one after another in one worker, as without xdist: one Ray instance
-at a time, while the other worker runs the unit tests (no Ray).
+Under pytest-xdist (``make test`` runs ``-n 2``) the tests of every module that uses the session's Ray instance
+(`ray_session`) are one unit of work (`pytest_xdist_make_scheduler`): one worker runs them one after another with
+one instance, as without xdist. tests/realmodel is another unit (its modules share one loaded copy of a real model).
+The other worker takes those and the modules that start Ray instances of their own (the CLI, ``ray start``) first,
+then the unit tests; whichever worker is free takes the next module.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,20 +23,50 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 RAY_DIRS = ("integration", "e2e", "realmodel")
+SESSION_RAY = "ray"  # the unit of work of the modules that use `ray_session`
+REALMODEL = "realmodel"
+
+
+@functools.cache
+def uses_session_ray(module: Path) -> bool:
+    """Whether the test module at ``module`` asks for the `ray_session` fixture (read from its source)."""
+    try:
+        return "ray_session" in module.read_text(encoding="utf-8")
+    except OSError:
+        return False
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under ``-n N``: every test of tests/integration, tests/e2e and tests/realmodel is one unit of work, run by one
-    worker one test after another (one Ray instance at a time, in collection order); the unit tests are spread by
-    module.
+    """Under ``-n N``: the tests of the modules that use `ray_session` are one unit of work, run by one worker one
+    after another (one session instance, in collection order), and so are tests/realmodel's; every other module is
+    a unit of its own. The session instance's unit goes out first, then the rest of tests/integration, tests/e2e and
+    tests/realmodel (each starts processes of its own: the longest units), then the unit tests.
     (xdist's own ``--dist loadgroup`` marks do not group under pytest 9.2, whose node ids xdist can no longer
     rename.)"""
     from xdist.scheduler import LoadScopeScheduling
 
+    root = config.rootpath
+
     class RayTestsTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            parts = nodeid.split("/")
-            return "ray" if len(parts) > 2 and parts[1] in RAY_DIRS else nodeid.split("::", 1)[0]
+            module = nodeid.split("::", 1)[0]
+            parts = module.split("/")
+            if len(parts) > 2 and parts[1] == REALMODEL:
+                return REALMODEL
+            return SESSION_RAY if uses_session_ray(root / module) else module
+
+        def _assign_work_unit(self, node: Any) -> None:
+            def rank(scope: str) -> int:
+                if scope == SESSION_RAY:
+                    return 0
+                parts = scope.split("/")
+                return 1 if scope == REALMODEL or (len(parts) > 2 and parts[1] in RAY_DIRS) else 2
+
+            if self.workqueue and not getattr(self, "_ordered", False):  # once, before the first unit goes out
+                self._ordered = True
+                for scope in sorted(self.workqueue, key=rank):  # stable: xdist's order (largest first) within a rank
+                    self.workqueue.move_to_end(scope)
+            super()._assign_work_unit(node)
 
     return RayTestsTogether(config, log)
 
