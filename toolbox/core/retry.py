@@ -42,9 +42,9 @@ class RetryPolicy(BaseModel):
         return (rng or random).uniform(0, bound)
 
     def call(self, fn: Callable[[], T], *, what: str, retryable: Callable[[BaseException], bool],
-             sleep: Callable[[float], None] = time.sleep) -> T:
+             sleep: Callable[[float], None] = time.sleep, level: int = logging.WARNING) -> T:
         """``fn()``, tried again while it raises a retryable error and tries and time are left; the last error
-        is raised as it was. ``what`` names the call in the log and in `retry_counts`."""
+        is raised as it was. ``what`` names the call in the log (each retry at ``level``) and in `retry_counts`."""
         start = time.monotonic()
         for retry in range(self.attempts):
             try:
@@ -56,8 +56,8 @@ class RetryPolicy(BaseModel):
                     raise
                 with _lock:
                     _counts[what] += 1
-                log.warning("%s failed (%s: %s); retry %d of %d in %.2fs", what, type(err).__name__, err,
-                            retry + 1, self.attempts - 1, pause)
+                log.log(level, "%s failed (%s: %s); retry %d of %d in %.2fs", what, type(err).__name__, err,
+                        retry + 1, self.attempts - 1, pause)
                 sleep(pause)
         raise AssertionError("unreachable: the last try returns or raises")
 

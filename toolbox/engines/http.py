@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +41,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer, field_validator
 
 from toolbox.core.errors import ConfigError
+from toolbox.core.retry import RetryPolicy
 from toolbox.engines.base import ENGINES, SamplingConfig
 from toolbox.engines.common import (
     Sample,
@@ -306,24 +306,23 @@ class HTTPEngine:
 
     def _create(self, where: str, **request: Any) -> Any:
         """``completions.create``, waiting out a busy server: a 429 (its queue has no room for the request's choices:
-        other workers' requests fill it, whatever retries the client made) is sent again after a pause that doubles
-        up to BUSY_MAX_PAUSE_S, until ``timeout_s`` has passed since the first try; then the step fails, naming what
+        other workers' requests fill it, whatever retries the client made) is sent again after a jittered pause that
+        doubles up to BUSY_MAX_PAUSE_S (the one retry policy, `toolbox.core.retry`), until ``timeout_s`` has passed
+        since the first try; then the step fails, naming what
         to change. Other errors are the client's (``max_retries``)."""
         import openai
 
-        deadline = time.monotonic() + self.config.timeout_s
-        pause = BUSY_FIRST_PAUSE_S
-        while True:
-            try:
-                return self.client.completions.create(**request)
-            except openai.RateLimitError as err:
-                if time.monotonic() + pause > deadline:
-                    raise RuntimeError(
-                        f"{where}: the server answered 429 (busy) for {self.config.timeout_s:g}s "
-                        f"(rollout.engine.timeout_s): {err}; lower rollout.engine.max_concurrency or "
-                        "rollout.num_workers, or raise the server's max_queue") from err
-                time.sleep(pause)
-                pause = min(2 * pause, BUSY_MAX_PAUSE_S)
+        busy = RetryPolicy(attempts=10**6, first_pause_s=BUSY_FIRST_PAUSE_S, max_pause_s=BUSY_MAX_PAUSE_S,
+                           deadline_s=self.config.timeout_s)  # bounded by the deadline, not a count
+        try:
+            return busy.call(lambda: self.client.completions.create(**request), what="http engine request (429)",
+                             retryable=lambda err: isinstance(err, openai.RateLimitError),
+                             level=logging.DEBUG)  # a busy server is routine under load: counted, not shouted
+        except openai.RateLimitError as err:
+            raise RuntimeError(
+                f"{where}: the server answered 429 (busy) for {self.config.timeout_s:g}s "
+                f"(rollout.engine.timeout_s): {err}; lower rollout.engine.max_concurrency or "
+                "rollout.num_workers, or raise the server's max_queue") from err
 
     def _sample(self, choice: Any, sampling: SamplingConfig, where: str) -> Sample:
         """One choice as a `Sample`; a missing or misaligned log-prob is an error naming ``where``."""

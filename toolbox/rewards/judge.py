@@ -5,7 +5,8 @@ once per reward worker from ``engine`` with ``model_path`` (the judge model, who
 ``template`` is filled with the sample's ``prompt``, ``response`` and ``answer`` (the reference, when the task has
 one); the judge's reply must match ``pattern``, whose first group is the score. A reply without a score, a score
 outside [min_score, max_score], an engine error or a call past ``timeout_s`` is retried up to ``retries`` times;
-after that the sample's reward is an ERROR naming the last failure, never a 0. Prompts of concurrent samples go
+after that the sample's reward is an ERROR naming the last failure, never a 0. Retries follow the one retry
+policy (`toolbox.core.retry`: short jittered pauses, counted). Prompts of concurrent samples go
 to the engine as one batch (`MicroBatcher`).
 """
 
@@ -19,6 +20,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
 from toolbox.core.registry import Spec, SpecOf
+from toolbox.core.retry import RetryPolicy
 from toolbox.data.encode import render_prompt
 from toolbox.engines import ENGINES, InferenceEngine, SamplingConfig  # the package: registers hf, http, ...
 from toolbox.models.loading import load_tokenizer
@@ -102,6 +104,9 @@ class LLMJudge:
         self.engine: InferenceEngine = ENGINES.build(
             config.engine, inject={"model_path": config.model_path, "seed": config.seed})
         self.regex = re.compile(config.pattern)
+        # the one retry policy (toolbox.core.retry), short pauses: a judge call is retried within a scoring deadline
+        self.retry = RetryPolicy(attempts=config.retries + 1, first_pause_s=0.1, max_pause_s=2.0,
+                                 deadline_s=config.timeout_s * (config.retries + 1))
         self.batcher: MicroBatcher[str, str] = MicroBatcher(self.ask, config.batch_size, config.max_wait_ms / 1000,
                                                             "llm_judge")
 
@@ -133,15 +138,21 @@ class LLMJudge:
         answer = sample.extras.get("answer")
         prompt = c.template.format(prompt=sample.prompt, response=sample.response,
                                    answer="" if answer is None else str(answer))
-        failure = ""
-        for _ in range(c.retries + 1):
+        tries = 0
+
+        def attempt() -> float:
+            nonlocal tries
+            tries += 1
             try:
                 return self.parse(self.batcher.submit(prompt).result(timeout=c.timeout_s))
             except cf.TimeoutError:
-                failure = f"judge call timed out after {c.timeout_s:g}s"
-            except Exception as exc:  # an engine or parse failure: retry, then report the last one
-                failure = f"{type(exc).__name__}: {exc}"
-        raise JudgeError(f"llm_judge failed after {c.retries + 1} attempt(s): {failure}")
+                raise JudgeError(f"judge call timed out after {c.timeout_s:g}s") from None
+
+        try:  # every failure (engine, timeout, no score: the judge samples) is worth another try
+            return self.retry.call(attempt, what="llm_judge call", retryable=lambda err: True)
+        except Exception as exc:
+            failure = str(exc) if isinstance(exc, JudgeError) else f"{type(exc).__name__}: {exc}"
+            raise JudgeError(f"llm_judge failed after {tries} attempt(s): {failure}") from None
 
 
 @REWARDS.register("llm_judge", config=LLMJudgeConfig)
