@@ -9,11 +9,13 @@ Starts nothing: no Ray, no run directory, no weights. The parameter count comes 
 A hub id's ``config.json`` is fetched (a few KB) when it is not cached; the weights never are.
 
 The memory figure is an estimate, not a measurement: parameters, gradients and AdamW state follow the precision,
-sharding and offload settings exactly; activations use the per-layer count of Korthikanti et al. 2022
-("Reducing Activation Recomputation in Large Transformer Models": ``s*b*h*(34 + 5*a*s/h)`` bytes at 16 bits)
-plus the fp32 logits and their log-softmax with their gradients, and ignore allocator fragmentation, CUDA
-context and communication buffers. Against the measured peak RSS of a CPU step (a 66 M-parameter qwen2, fp32,
-8 x 256 tokens, AdamW) it comes out 14-21% low (SDPA / eager attention): allocator overhead is not in it. Online prompts are assumed `PROMPT_TOKENS` long (capped by the model's positions).
+sharding and offload settings exactly (LoRA: gradients and AdamW state of the adapters only); FSDP2's root group
+(embeddings, final norm, LM head) stays gathered from the forward to the end of the backward, beside its full
+gradients; a frozen fsdp2 reference on a GPU lives in host memory. Activations are what autograd saves in a
+Llama/Qwen2 block (`block_activation_bytes`: no score matrices with SDPA, the scores and softmax with eager
+attention) plus the fp32 logits and their log-softmax with their gradients; allocator fragmentation, CUDA context
+and communication buffers are not in it. Online prompts are assumed `PROMPT_TOKENS` long (capped by the model's
+positions). On GPUs `toolbox.gpu_plan` adds the engines' reservation and says whether it all fits.
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ class ModelShape:
     vocab: int
     max_positions: int
     source: str
+    kv_heads: int = 0  # key/value heads (grouped-query attention); 0: as many as heads
+    head_dim: int = 0  # 0: hidden / heads
+    intermediate: int = 0  # the MLP's width (gate and up projections); 0: 4 x hidden
+    attention: str = "sdpa"  # the attention implementation: eager keeps the score matrices for backward
+    lora_params: int = 0  # with learner.lora: the adapters' parameters (what trains)
+
+    @property
+    def root_params(self) -> int:
+        """Parameters outside the decoder blocks (embeddings, final norm, LM head): FSDP2's root group."""
+        return self.params - self.layers * self.block_params
+
+    @property
+    def kv_dim(self) -> int:
+        return (self.kv_heads or self.heads) * (self.head_dim or self.hidden // self.heads)
 
 
 def model_shape(cfg: ExperimentConfig) -> ModelShape:
@@ -67,6 +83,7 @@ def model_shape(cfg: ExperimentConfig) -> ModelShape:
         config, source = _model_config(cfg.model.tiny, build_char_tokenizer(alphabet)), f"tiny {cfg.model.tiny.arch}"
     else:
         config, source = _real_model_config(cfg)
+    config._attn_implementation = getattr(config, "_attn_implementation", None) or "sdpa"
     with torch.device("meta"):  # shapes only: no storage is allocated, no weights are read
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.model.trust_remote_code)
     layers = int(config.num_hidden_layers)
@@ -78,8 +95,24 @@ def model_shape(cfg: ExperimentConfig) -> ModelShape:
         output_params=sum(p.numel() for p in head.parameters()) if head is not None else 0,
         layers=layers, hidden=int(config.hidden_size), heads=int(config.num_attention_heads),
         vocab=int(config.vocab_size), max_positions=int(getattr(config, "max_position_embeddings", 0) or 0),
-        source=source,
+        source=source, kv_heads=int(getattr(config, "num_key_value_heads", 0) or 0),
+        head_dim=int(getattr(config, "head_dim", 0) or 0), intermediate=int(getattr(config, "intermediate_size", 0) or 0),
+        attention=str(getattr(config, "_attn_implementation", None) or "sdpa"),
+        lora_params=_lora_params(model, cfg.learner.lora),
     )
+
+
+def _lora_params(model: Any, lora: Any) -> int:
+    """The adapters' parameters: ``r x (in + out)`` for each linear layer ``lora.target_modules`` names (all of
+    them in the blocks for 'all-linear')."""
+    if lora is None:
+        return 0
+    import torch
+
+    targets = lora.target_modules
+    return sum(lora.r * (m.in_features + m.out_features) for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings()
+               and (targets == "all-linear" or name.rsplit(".", 1)[-1] in targets))
 
 
 def _real_model_config(cfg: ExperimentConfig) -> tuple[Any, str]:
@@ -89,11 +122,15 @@ def _real_model_config(cfg: ExperimentConfig) -> tuple[Any, str]:
 
     from toolbox.core.errors import ConfigError
     from toolbox.experiment import check_model_path
+    from toolbox.models.architectures import published_config
     from toolbox.models.catalog import gguf_source, gguf_target, resolve
     from toolbox.models.gguf import GGUFImportError, check_gguf_packages
 
     model = cfg.model
     path = resolve(model.path)  # a ConfigError naming model.path and the fetch command, as a run would raise
+    published = None if (Path(path) / "config.json").is_file() else published_config(path)
+    if published is not None:  # a listed hub id not fetched here: its published architecture, no download
+        return published, f"{path} (published architecture)"
     if model.gguf_file:
         gguf = gguf_source(path, model.gguf_file)
         converted = gguf_target(gguf)
@@ -224,17 +261,22 @@ def memory_lines(cfg: ExperimentConfig, shape: ModelShape) -> list[MemoryLine]:
     state_at = "host (offload)" if offload else device
     shard = f" / {world} ranks" if world > 1 else ""
     algo = cfg.algorithm
+    trained = shape.lora_params or shape.params  # LoRA: only the adapters have gradients and AdamW state
+    adapters = " adapter" if shape.lora_params else ""
     lines = [
         MemoryLine("parameters", shape.params * param_b / world, state_at, f"{shape.params:,} x {param_b} B{shard}"),
-        MemoryLine("gradients", shape.params * param_b / world, state_at, f"{shape.params:,} x {param_b} B{shard}"),
-        MemoryLine("optimizer state (AdamW)", ADAM_STATES * shape.params * param_b / world, state_at,
-                   f"{ADAM_STATES} x {shape.params:,} x {param_b} B{shard}"),
+        MemoryLine("gradients", trained * param_b / world, state_at, f"{trained:,}{adapters} x {param_b} B{shard}"),
+        MemoryLine("optimizer state (AdamW)", ADAM_STATES * trained * param_b / world, state_at,
+                   f"{ADAM_STATES} x {trained:,}{adapters} x {param_b} B{shard}"),
     ]
     if lc.strategy == "fsdp2":
         lines.append(MemoryLine("gathered blocks (FSDP2)", 2 * shape.block_params * compute_b, device,
                                 f"2 blocks (current + prefetch) x {shape.block_params:,} x {compute_b} B"))
-    if getattr(algo, "kl_coef", 0) > 0 or hasattr(algo, "beta"):  # a KL term, or DPO's implicit one
-        lines.append(MemoryLine("frozen reference", shape.params * param_b / world, state_at,
+        lines.append(root_group_line(shape, compute_b, bf16, device))
+    if (getattr(algo, "kl_coef", 0) > 0 or hasattr(algo, "beta")) and lc.lora is None:  # a KL term, or DPO's
+        # On a GPU an fsdp2 reference lives in host memory (CPU offload) and gathers one block at a time.
+        ref_at = "host (offload)" if offload or (lc.strategy == "fsdp2" and device == "cuda") else device
+        lines.append(MemoryLine("frozen reference", shape.params * param_b / world, ref_at,
                                 f"{shape.params:,} x {param_b} B{shard} (no gradients)"))
     if hasattr(algo, "critic_lr"):  # PPO trains a critic of the policy's body beside it
         body = shape.params - shape.output_params
@@ -242,6 +284,15 @@ def memory_lines(cfg: ExperimentConfig, shape: ModelShape) -> list[MemoryLine]:
                                 f"{2 + ADAM_STATES} x {body:,} x {param_b} B{shard}"))
     lines.append(activation_line(cfg, shape, compute_b))
     return lines
+
+
+def root_group_line(shape: ModelShape, compute_b: int, bf16: bool, device: str) -> MemoryLine:
+    """FSDP2's root group (embeddings, final norm, LM head) on a trained model: gathered for the forward and kept
+    so until the backward ends, when its full gradients (in the compute dtype, plus an fp32 copy for the
+    reduce-scatter under bf16) exist beside it."""
+    per_param = 2 * compute_b + (4 if bf16 else 0)
+    how = f"{shape.root_params:,} x ({compute_b} B gathered + {compute_b} B grad" + (" + 4 B fp32 reduce)" if bf16 else ")")
+    return MemoryLine("root group (embeddings, LM head)", shape.root_params * per_param, device, how)
 
 
 def rank_device(cfg: ExperimentConfig) -> str:
@@ -263,27 +314,45 @@ def sequence_length(cfg: ExperimentConfig, shape: ModelShape) -> tuple[int, str]
 
 
 def activation_line(cfg: ExperimentConfig, shape: ModelShape, act_b: int) -> MemoryLine:
-    """Activations of one micro-batch kept for backward, plus the fp32 logits and their log-softmax."""
+    """Activations of one micro-batch kept for backward (`block_activation_bytes` per token and block), plus the
+    fp32 logits and their log-softmax."""
     seq, why = sequence_length(cfg, shape)
     rows = cfg.learner.micro_batch_size * (2 if hasattr(cfg.algorithm, "beta") else 1)  # DPO: chosen + rejected
-    s, b, h, a = seq, rows, shape.hidden, shape.heads
-    per_layer = s * b * h * (34 + 5 * a * s / h) * act_b / 2
+    tokens = seq * rows
+    per_block = tokens * block_activation_bytes(shape, seq, act_b)
     if getattr(cfg.learner, "activation_checkpointing", False):
-        blocks, how = shape.layers * s * b * h * act_b + per_layer, "block inputs + 1 recomputed block"
+        blocks, how = shape.layers * tokens * shape.hidden * act_b + per_block, "block inputs + 1 recomputed block"
     else:
-        blocks, how = shape.layers * per_layer, f"{shape.layers} blocks"
-    # fp32 logits and their log-softmax, and at the backward peak the gradients of both.
-    logits = 4 * b * s * shape.vocab * 4
+        blocks, how = shape.layers * per_block, f"{shape.layers} blocks"
+    # fp32 logits and their log-softmax, and at the backward peak the gradients of both; online learners take the
+    # logits of the response positions only (`response_logprobs`' logits_to_keep).
+    scored = seq if isinstance(getattr(cfg.algorithm, "max_length", None), int) else cfg.rollout.sampling.max_new_tokens + 1
+    logits = 4 * rows * scored * shape.vocab * 4
     return MemoryLine("activations (one micro-batch)", blocks + logits, rank_device(cfg),
-                      f"{b} rows x {s} tokens ({why}), {how}, logits {b}x{s}x{shape.vocab} fp32 x 4")
+                      f"{rows} rows x {seq} tokens ({why}), {how} ({shape.attention} attention), "
+                      f"logits {rows}x{scored}x{shape.vocab} fp32 x 4")
+
+
+def block_activation_bytes(shape: ModelShape, seq: int, c: int) -> float:
+    """Bytes one decoder block keeps for backward per token, computing in ``c``-byte floats: what autograd saves in
+    a Llama/Qwen2 block. Each RMSNorm: its fp32 input and its normalised output (4 h + c h); attention: queries and
+    the keys and values repeated to every head, and its output (4 c h); the SwiGLU MLP: gate, up, their activation
+    and product (4 c i). SDPA (flash or memory-efficient) keeps no score matrix; eager attention keeps the scores
+    and their softmax (2 c a s)."""
+    h, i = shape.hidden, shape.intermediate or 4 * shape.hidden
+    saved = 2 * (4 + c) * h + 4 * c * h + 4 * c * i
+    if shape.attention == "eager":
+        saved += 2 * c * shape.heads * seq
+    return float(saved)
 
 
 def _gib(n: float) -> str:
     return f"{n / GiB:.2f} GiB" if n >= GiB / 100 else f"{n / 1024**2:.2f} MiB"
 
 
-def print_dry_run(cfg: ExperimentConfig, console: Console | None = None) -> int:
-    """Print the four tables. Exit code 0, or 2 when the model's config cannot be read (``model.path``)."""
+def print_dry_run(cfg: ExperimentConfig, console: Console | None = None, gpu_gib: float | None = None) -> int:
+    """Print the four tables, and for a run on GPUs whether it fits GPUs of ``gpu_gib`` GiB (default 80). Exit code
+    0, or 2 when the model's config cannot be read (``model.path``)."""
     from toolbox.core.errors import ConfigError
 
     console = console or Console()
@@ -307,6 +376,11 @@ def print_dry_run(cfg: ExperimentConfig, console: Console | None = None) -> int:
         console.print(escape(choose_sync_path(cfg).describe() + " (before start: nodes unknown)"), soft_wrap=True)
     console.print(_table("batch arithmetic of one training step", ("quantity", "value"), batch_rows(cfg)))
     console.print(memory)
+    if rank_device(cfg) == "cuda" or cfg.rollout.gpus_per_worker and "rollout" in cfg.algorithm.roles:
+        from toolbox.gpu_plan import DEFAULT_GPU_GIB, describe, gpu_plan
+
+        for line in describe(gpu_plan(cfg, model_shape(cfg), gpu_gib or DEFAULT_GPU_GIB)):
+            console.print(escape(line), soft_wrap=True)
     console.print("[dim]dry run: nothing was started, no run directory was written.[/]")
     return 0
 

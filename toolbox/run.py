@@ -1,4 +1,5 @@
-"""``python -m toolbox.run [experiment=NAME] [a.b.c=value ...] [--dry-run]``: run one experiment as one Ray job.
+"""``python -m toolbox.run [experiment=NAME] [a.b.c=value ...] [--dry-run [--gpu-gib=80]]``: run one experiment as one
+Ray job.
 
 ``--dry-run`` prints the settings, the actors and placement groups, the batch arithmetic and a memory estimate
 per learner rank, and starts nothing (`toolbox.dry_run`)."""
@@ -60,14 +61,15 @@ def main(argv: list[str] | None = None, early_ray: bool = False) -> int:
     from toolbox.config import load_config
 
     dry = "--dry-run" in args
+    gpu_gib = next((float(a.partition("=")[2]) for a in args if a.startswith("--gpu-gib=")), None)
     try:
-        cfg = load_config([a for a in args if a != "--dry-run"])
+        cfg = load_config([a for a in args if a != "--dry-run" and not a.startswith("--gpu-gib=")])
     except ConfigError as err:
         return config_error(console, err, early)
     if dry:
         from toolbox.dry_run import print_dry_run
 
-        return print_dry_run(cfg)
+        return print_dry_run(cfg, gpu_gib=gpu_gib)
     return run(cfg, console, clock, early)
 
 

@@ -104,3 +104,47 @@ def test_a_cold_start_is_listed_and_not_trained(tmp_path: Path, capsys: pytest.C
     out = " ".join(capsys.readouterr().out.split())
     assert "model.cold_start: experiment sft_tool_calc_tiny" in out and "runs first" in out
     assert not root.exists()
+
+
+QWEN_7B_ON_8 = ["experiment=grpo_tiny_fsdp2", "model.path=Qwen/Qwen2.5-7B-Instruct", "model.tiny=null",
+                "learner.num_workers=8", "learner.strategy=fsdp2", "learner.gpus_per_worker=1",
+                "learner.mixed_precision=bf16", "learner.micro_batch_size=2",
+                "rollout.engine.name=vllm", "rollout.gpus_per_worker=1", "rollout.num_workers=8"]
+
+
+def test_published_architecture_is_planned_without_the_hub() -> None:
+    shape = dry_run.model_shape(load_config(QWEN_7B_ON_8))
+    assert round(shape.params / 1e9, 2) == 7.62 and shape.source.endswith("(published architecture)")
+    assert (shape.layers, shape.kv_dim, shape.intermediate) == (28, 512, 18944)
+    assert shape.root_params == 2 * 152064 * 3584 + 3584  # embeddings, LM head (not tied), final norm
+
+
+def test_memory_at_real_size_root_group_sdpa_and_offloaded_reference() -> None:
+    lines = memory(*QWEN_7B_ON_8[1:])
+    root = lines["root group (embeddings, LM head)"]
+    assert root.where == "cuda" and root.bytes == (2 * 152064 * 3584 + 3584) * (2 + 2 + 4)  # bf16 x2 + fp32 reduce
+    assert lines["frozen reference"].where == "host (offload)"  # FSDP2's CPU offload of the reference on a GPU
+    sdpa = lines["activations (one micro-batch)"].bytes
+    shape = dry_run.model_shape(load_config(QWEN_7B_ON_8))
+    eager = dry_run.activation_line(load_config(QWEN_7B_ON_8), dry_run.ModelShape(
+        **{**shape.__dict__, "attention": "eager"}), 2).bytes
+    seq, rows = dry_run.sequence_length(load_config(QWEN_7B_ON_8), shape)[0], 2
+    assert eager - sdpa == shape.layers * rows * seq * 2 * 2 * shape.heads * seq  # scores + softmax, kept by eager only
+
+
+def test_engine_line_holds_weights_and_kv_cache_at_its_utilization() -> None:
+    from toolbox.gpu_plan import engine_memory, gpu_plan, kv_bytes_per_token
+
+    cfg = load_config(QWEN_7B_ON_8)
+    shape = dry_run.model_shape(cfg)
+    assert kv_bytes_per_token(shape, 2) == 56 * 1024  # Qwen2.5-7B, bf16
+    engine = engine_memory(cfg, shape, 80 * dry_run.GiB)
+    assert engine is not None and engine.weights == shape.params * 2  # rollout.dtype auto: bf16, not model.dtype
+    assert engine.reserved == 0.5 * 80 * dry_run.GiB and engine.kv_tokens > 0
+    assert gpu_plan(cfg, shape).fits
+    tight = load_config([*QWEN_7B_ON_8, "rollout.engine.gpu_memory_utilization=0.2"])
+    assert "less than one sequence" in " ".join(gpu_plan(tight, shape).problems)
+    colocated = load_config([*QWEN_7B_ON_8, "learner.gpus_per_worker=0.5", "rollout.gpus_per_worker=0.5",
+                             "rollout.placement=colocate", "rollout.engine.enable_sleep_mode=true",
+                             "rollout.engine.gpu_memory_utilization=0.9"])
+    assert "generating: the engine's 72.0 GiB beside the learner's" in " ".join(gpu_plan(colocated, shape).problems)
