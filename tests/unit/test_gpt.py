@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from tests.unit.golden import run_recipe
+from tests.unit.learner_steps import online_step, spawn_two_gloo_ranks
+from tests.unit.test_learner_forwards import ROWS, _batch, _grpo, _rewards
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.engines.decode import decode
@@ -18,6 +20,7 @@ from toolbox.models.gpt import GPT, GPTConfig
 from toolbox.models.loading import TinyModelConfig, load_causal_lm, load_tokenizer
 from toolbox.models.logprobs import response_logprobs
 from toolbox.models.tiny import ensure_tiny_model
+from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import RolloutBatch
 
 
@@ -96,3 +99,25 @@ def test_the_gpt_trains_through_the_same_learner_and_engine(experiment: str, key
     assert len(run_models) == 1 and family_of(str(run_models[0])) == "gpt"
     if experiment == "sft_tiny":
         assert history[-1]["loss"] < history[0]["loss"]
+
+
+def _fsdp2_rank(rank: int, model_dir: str, out: str) -> None:
+    learner = _grpo(Path(model_dir), True, strategy="fsdp2", workers=2)
+    shards, results = _batch(rows=2 * ROWS, shared=True).split(2), [_rewards(), _rewards()]
+    plan = learner.plan(shards, results)
+    metrics = learner.update(plan, {i: shards[i] for i in plan.shards_for(rank)})
+    state = learner.policy.full_state_dict()
+    if rank == 0:
+        torch.save({"metrics": metrics, "state": state}, out)
+
+
+def test_two_fsdp2_ranks_make_the_one_rank_update_on_the_gpt(gpt_dir: Path, tmp_path: Path) -> None:
+    """FSDP2 shards the GPT's blocks (`layers`) and two gloo ranks make the update one rank makes."""
+    out = tmp_path / "ranks.pt"
+    spawn_two_gloo_ranks(_fsdp2_rank, gpt_dir, out)
+    two = torch.load(out)
+    one = _grpo(gpt_dir, packing=False)
+    metrics = online_step(one, [_batch(rows=2 * ROWS, shared=True)], [RewardResult.concat([_rewards(), _rewards()])])
+    assert two["metrics"]["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-4, abs=1e-6)
+    for name, value in one.policy.full_state_dict().items():
+        torch.testing.assert_close(two["state"][name], value, atol=1e-5, rtol=0)

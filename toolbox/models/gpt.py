@@ -8,8 +8,8 @@ causal LM: ``input_ids``, a 2-D padding mask or a prepared 4-D boolean mask (pac
 ``position_ids``, ``logits_to_keep``; and it decodes with its own KV cache (`GPTDecoder`, the engine's lean loop).
 Saved as ``config.json`` (``"toolbox_model": "gpt"``) and ``model.safetensors`` beside the tokenizer.
 
-Not covered: ``model.generate`` (the engine's ``decode: generate`` path), LoRA, FSDP2 sharding per block, rotary
-positions, grouped-query attention (``num_kv_heads`` is ignored).
+Not covered: ``model.generate`` (the engine's ``decode: generate`` path), LoRA, activation checkpointing, rotary
+positions, grouped-query attention (``num_kv_heads`` is ignored), the dry run's memory estimate (it sizes a qwen2).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class GPT(nn.Module):
         self.config, self.name_or_path = config, ""
         self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
         self.wpe = nn.Embedding(config.max_positions, config.hidden_size)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))  # `layers`: found by FSDP2 wrapping
         self.ln_f = nn.LayerNorm(config.hidden_size)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         for p in self.parameters():  # GPT-2's init: N(0, 0.02) weights, zero biases, unit norms
@@ -105,7 +105,7 @@ class GPT(nn.Module):
             position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
         x = self.wte(input_ids) + self.wpe(position_ids)
         mask = attention_mask_4d(attention_mask, b, t, input_ids.device, position_ids)
-        for block in self.blocks:
+        for block in self.layers:
             x = block(x, mask)
         x = x[:, -logits_to_keep:] if logits_to_keep else x
         return CausalLMOutput(self.lm_head(self.ln_f(x)))
@@ -160,7 +160,7 @@ class GPTDecoder:
     """Prefill and one-token steps over a KV cache, the interface of the engine's lean decode loop."""
 
     def __init__(self, model: GPT, batch: int, max_len: int) -> None:
-        cfg, blocks = model.config, model.blocks
+        cfg, blocks = model.config, model.layers
         self.model = model
         head_dim = cfg.hidden_size // cfg.num_heads
         self.cache = torch.zeros((len(blocks), 2, batch, cfg.num_heads, max_len, head_dim), dtype=model.dtype,
@@ -183,7 +183,7 @@ class GPTDecoder:
     def _run(self, ids_BT: torch.Tensor, pos_BT: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         m = self.model
         x = m.wte(ids_BT) + m.wpe(pos_BT)
-        for i, block in enumerate(m.blocks):
+        for i, block in enumerate(m.layers):
             x = block(x, mask, (self.cache[i], self.filled))
         self.filled += ids_BT.shape[1]
         return m.lm_head(m.ln_f(x))
