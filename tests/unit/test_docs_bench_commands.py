@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_docs_commands import docs_pages
 from toolbox.bench.__main__ import available
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +35,7 @@ def options_of(bench: str) -> set[str]:
 def documented_commands() -> list[tuple[str, str, list[str]]]:
     """(page:line, benchmark, its --options) of every bench command in the README and the docs."""
     out = []
-    for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+    for page in docs_pages():
         for number, line in enumerate(page.read_text().splitlines(), 1):
             for match in COMMAND.finditer(line):
                 words = shlex.split(match.group(2).replace("\\", " "), posix=True) if match.group(2) else []
