@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import sys
 import types
 import typing
@@ -174,7 +175,8 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "run": Command("toolbox.run:main", "run one experiment as one Ray job: [experiment=NAME|PATH] [a.b.c=value ...]"),
+    "run": Command("toolbox.run:main", "run one experiment as one Ray job: [experiment=NAME|PATH] "
+                   "[model=|data=|algorithm=NAME] [a.b.c=value ...]"),
     "train": Command("toolbox.run:main", "the same as run"),
     "tune": Command("toolbox.tune:main", "a Ray Tune sweep, each trial one whole experiment: sweep=NAME|PATH [a.b.c=value ...]",
                     own_help=False),
@@ -188,7 +190,8 @@ COMMANDS: dict[str, Command] = {
     "bench": Command("toolbox.bench.__main__:main", "benchmarks against TRL / RLlib and of weight sync: NAME [options]"),
     "deploy": Command("toolbox.deploy:main", "render a KubeRay RayJob sized from an experiment or sweep: render "
                       "experiment=NAME|sweep=NAME [a.b.c=value ...] [--image IMG]"),
-    "config": Command("toolbox.cli:config_command", "print an experiment's resolved config as YAML: [experiment=NAME|PATH] [a.b.c=value ...]"),
+    "config": Command("toolbox.cli:config_command", "print an experiment's resolved config as YAML (--where: where each "
+                      "value came from): [experiment=NAME|PATH] [model=|data=|algorithm=NAME] [a.b.c=value ...]"),
     "docs": Command("toolbox.cli:docs_command", "regenerate docs/configuration.md and docs/components.md"),
     "components": Command("toolbox.cli:components_command", "print every name a config can select (algorithms, engines, rewards, ...)"),
 }
@@ -207,22 +210,30 @@ def _wants_help(argv: Sequence[str]) -> bool:
 
 
 def config_command(argv: list[str]) -> int:
-    """``toolbox config [experiment=NAME|PATH] [a.b.c=value ...]``: the resolved config as YAML; 2 on a bad config."""
+    """``toolbox config [--where] [experiment=NAME|PATH] [GROUP=NAME ...] [a.b.c=value ...]``: the resolved config as
+    YAML, or with ``--where`` one line per value saying where it came from; 2 on a bad config."""
     if _wants_help(argv):
-        print("usage: toolbox config [experiment=NAME|PATH] [a.b.c=value ...]\n\nPrints the config that "
-              "`toolbox run` with the same arguments would use, every default filled in, as YAML.")
+        print("usage: toolbox config [--where] [experiment=NAME|PATH] [model=|data=|algorithm=NAME] [a.b.c=value ...]"
+              "\n\nPrints the config that `toolbox run` with the same arguments would use, every default filled in, "
+              "as YAML; --where prints each value with where it came from (the experiment file, a group fragment, "
+              "the command line, or default).")
         return 0
     import yaml
 
-    from toolbox.config import load_config
+    from toolbox.config.loader import load_config_with_origins, origins
     from toolbox.core.errors import ConfigError
 
+    where = "--where" in argv
     try:
-        cfg = load_config(argv)
+        cfg, layers = load_config_with_origins([a for a in argv if a != "--where"])
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
-    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+    if not where:
+        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+        return 0
+    for path, value, source in origins(cfg, layers):
+        print(f"{path}: {json.dumps(value)}  # {source}")
     return 0
 
 

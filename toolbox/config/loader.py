@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from toolbox.config.paths import experiment_path
+from toolbox.config.paths import CONFIG_DIR, DEFAULT_EXPERIMENT, experiment_path
 from toolbox.config.schema import ExperimentConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.registry import format_validation_error
@@ -169,22 +169,93 @@ def _sets(data: Any, loc: tuple[Any, ...]) -> bool:
     return True
 
 
-def load_config(args: list[str] | None = None) -> ExperimentConfig:
-    """Build the config from ``experiment=NAME`` (default ``grpo_tiny``) and dotted overrides."""
-    overrides = parse_overrides(args or [])
-    name = str(overrides.pop("experiment", "grpo_tiny"))
+GROUPS = ("data", "algorithm", "model")  # config groups, laid over the experiment in this order
+
+
+def split_groups(args: list[str]) -> tuple[dict[str, str], list[str]]:
+    """``model=NAME`` / ``data=NAME`` / ``algorithm=NAME`` (a bare name or a YAML path, not a mapping) picked out of
+    the arguments as group selections; the rest are overrides."""
+    groups: dict[str, str] = {}
+    rest = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and key in GROUPS and value and not value.lstrip().startswith("{"):
+            groups[key] = value
+        else:
+            rest.append(arg)
+    return groups, rest
+
+
+def group_fragment(group: str, name: str) -> tuple[str, dict[str, Any]]:
+    """(where it came from, its data) of the fragment ``group=name``: ``configs/GROUP/NAME.yaml`` (or a YAML path).
+    A fragment is a partial experiment: it sets whatever sections it needs. ``algorithm=NAME`` without a fragment
+    selects the registered algorithm NAME with its defaults."""
+    path = Path(name) if Path(name).suffix in {".yaml", ".yml"} else CONFIG_DIR / group / f"{name}.yaml"
+    if path.is_file():
+        return f"{group}={name} ({path})", _read_yaml(path)
+    if group == "algorithm":
+        from toolbox.algorithms import ALGORITHMS
+
+        if name in ALGORITHMS:
+            return f"{group}={name}", {"algorithm": {"name": name}}
+    shipped = sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+    also = " or a registered algorithm" if group == "algorithm" else ""
+    raise ConfigError(f"{group}={name}: no {path}{also}; shipped {group} fragments: {shipped}")
+
+
+def compose(args: list[str]) -> tuple[dict[str, Any], list[Layer], Path]:
+    """The experiment's data from ``experiment=NAME`` (default ``grpo_tiny``), the group fragments (data, then
+    algorithm, then model) and the dotted overrides, with the layers that set it (first to last) and its file."""
+    groups, rest = split_groups(args)
+    overrides = parse_overrides(rest)
+    name = str(overrides.pop("experiment", DEFAULT_EXPERIMENT))
     path = experiment_path(name)
     layers: list[Layer] = []
     data = read_experiment(path, layers=layers)
+    for group in GROUPS:
+        if group in groups:
+            where, fragment = group_fragment(group, groups[group])
+            data = merge(data, fragment)
+            layers.append((where, fragment))
     data = merge(data, overrides)
     data["experiment"] = Path(name).stem
-    layers += [(f"command line: {arg}", parse_overrides([arg])) for arg in args or []
-               if not arg.startswith("experiment=")]
+    layers += [(f"command line: {arg}", parse_overrides([arg])) for arg in rest if not arg.startswith("experiment=")]
+    return data, layers, path
+
+
+def load_config(args: list[str] | None = None) -> ExperimentConfig:
+    """Build the config from ``experiment=NAME`` (default ``grpo_tiny``), group fragments and dotted overrides."""
+    return load_config_with_origins(args)[0]
+
+
+def load_config_with_origins(args: list[str] | None = None) -> tuple[ExperimentConfig, list[Layer]]:
+    """`load_config`, and the layers that set it: `origin` tells where any value came from."""
+    data, layers, path = compose(args or [])
     try:
-        return ExperimentConfig.model_validate(data)
+        return ExperimentConfig.model_validate(data), layers
     except ValidationError as err:
         message = format_validation_error(err, "", origin=lambda loc: origin(layers, loc))
         raise ConfigError(f"experiment {path}: {message}") from None
+
+
+def origins(cfg: ExperimentConfig, layers: list[Layer]) -> list[tuple[str, Any, str]]:
+    """(dotted path, value, where it came from: a file, a group, the command line, or ``default``) of every leaf:
+    the last layer that set it (a value a later layer's switch of ``name`` threw away is still named after it)."""
+    out: list[tuple[str, Any, str]] = []
+
+    def walk(node: Any, loc: tuple[Any, ...]) -> None:
+        if isinstance(node, dict) and node:
+            for key, child in node.items():
+                walk(child, (*loc, key))
+        elif isinstance(node, list) and node and any(isinstance(x, dict) for x in node):
+            for i, child in enumerate(node):
+                walk(child, (*loc, i))
+        else:
+            where = next((w for w, data in reversed(layers) if _sets(data, loc)), "default")
+            out.append((".".join(map(str, loc)), node, where))
+
+    walk(cfg.model_dump(mode="json"), ())
+    return out
 
 
 def dump_config(cfg: ExperimentConfig, path: Path) -> None:
