@@ -57,7 +57,9 @@ def trl_spec(run_dir: Path, budget_s: float, every: int) -> dict[str, Any]:
     sizes = {"prompts": algo["prompts_per_step"], "group": algo["group_size"],
              "new_tokens": rollout["sampling"]["max_new_tokens"], "lr": learner["optim"]["lr"],
              "micro_batch": learner["micro_batch_size"]}
-    model_dir = str(cfg["model"]["path"])
+    from toolbox.models.catalog import resolve_source
+
+    model_dir = resolve_source(str(cfg["model"]["path"]), cfg["model"].get("gguf_file") or "")
     rows = prompt_rows(model_dir, sizes, cfg["trainer"]["total_steps"], task=cfg["task"], seed=cfg["trainer"]["seed"])
     return {"model_dir": model_dir, "rows": rows, "reward": cfg["reward"]["spec"], "sizes": sizes,
             "lora": learner["lora"], "warmup_steps": learner["optim"].get("warmup_steps", 0),
