@@ -132,13 +132,14 @@ def registries() -> dict[str, Any]:
     from toolbox.callbacks import CALLBACKS
     from toolbox.data.tasks import TASKS
     from toolbox.engines import ENGINES
+    from toolbox.learner.optimizers import OPTIMIZERS
     from toolbox.objectives.registry import LOSS_FAMILIES
     from toolbox.rewards import REWARDS
     from toolbox.rl.advantages import ADVANTAGES
 
     return {"algorithm": ALGORITHMS, "engine": ENGINES, "reward": REWARDS, "task": TASKS,
             **{f"{family} loss": losses for family, losses in LOSS_FAMILIES.items()}, "advantage": ADVANTAGES,
-            "callback": CALLBACKS, "text_env": TEXT_ENVS, "tool": TOOLS}
+            "optimizer": OPTIMIZERS, "callback": CALLBACKS, "text_env": TEXT_ENVS, "tool": TOOLS}
 
 
 def components_markdown() -> str:

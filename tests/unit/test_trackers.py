@@ -142,6 +142,6 @@ def test_a_tracker_without_its_package_fails_at_config_load_naming_the_extra(nam
     import toolbox.callbacks.trackers as trackers
 
     monkeypatch.setattr(trackers, "find_spec", lambda module: None)
-    with pytest.raises(ConfigError, match=rf"callbacks\.1: .*the {name} callback needs the '{name}' package.*"
-                                          rf"pip install 'toolbox\[{name}\]'"):
+    with pytest.raises(ConfigError, match=rf"callbacks\.1: .*the {name} callback needs the '{name}' extra: "
+                                          rf"pip install 'toolbox\[{name}\]' \({name} is not installed\)"):
         load_config([f"callbacks=[{{name: console}}, {{name: {name}}}]"])

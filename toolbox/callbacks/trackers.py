@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolbox.callbacks import CALLBACKS
 from toolbox.core.events import Event, EventBus
+from toolbox.core.extras import needs_extra
 from toolbox.tracing.entries import SAMPLE_COLUMNS, StepSamples
 
 MASK = "**********"
@@ -36,8 +37,7 @@ SECRET_KEY = re.compile(r"(api_key|apikey|secret|password|token)$", re.IGNORECAS
 def require_extra(module: str, extra: str) -> None:
     """Refuse a tracker whose package is not installed, naming the extra to install (at config load)."""
     if find_spec(module) is None:
-        raise ValueError(f"the {extra} callback needs the {module!r} package, which is not installed: "
-                         f"pip install 'toolbox[{extra}]'")
+        raise ValueError(needs_extra(f"the {extra} callback", extra, f"{module} is not installed"))
 
 
 def masked(value: Any) -> Any:

@@ -72,8 +72,9 @@ def sgd(groups: Groups, o: OptimConfig) -> torch.optim.Optimizer:
 
 @OPTIMIZERS.register("adafactor")
 def adafactor(groups: Groups, o: OptimConfig) -> torch.optim.Optimizer:
-    """transformers' Adafactor (factored second moments: memory of a row and a column per matrix) at the
-    schedule's learning rate, not its own relative step size."""
+    """transformers' Adafactor (factored second moments) at the schedule's learning rate.
+
+    Its second moments keep a row and a column per matrix; its own relative step size is off."""
     from transformers.optimization import Adafactor
 
     return Adafactor(groups, lr=o.lr, scale_parameter=False, relative_step=False, warmup_init=False)

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from toolbox.core.errors import ToolboxError
+from toolbox.core.extras import needs_extra
 
 GGUF_MAGIC = b"GGUF"
-INSTALL_HINT = "pip install 'toolbox[gguf]'"
 # transformers' "no limit" sentinel for model_max_length is about 1e30; anything above this is unset.
 _UNSET_MAX_LENGTH = 10**12
 
@@ -52,8 +52,7 @@ def check_gguf_packages() -> None:
     """`GGUFImportError` naming the extra to install when transformers' GGUF reader lacks a package."""
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
     if missing:
-        raise GGUFImportError(f"reading a GGUF file needs the package(s) {', '.join(missing)}, which are not "
-                              f"installed: {INSTALL_HINT}")
+        raise GGUFImportError(needs_extra("reading a GGUF file", "gguf", f"{', '.join(missing)} not installed"))
 
 
 def import_gguf(gguf_file: Path, out_dir: Path) -> Path:
