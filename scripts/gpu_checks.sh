@@ -2,7 +2,11 @@
 # The GPU checks (tests/gpu, marker `gpu`) on a CUDA machine that has torch and transformers but no Ray and
 # maybe no pydantic: the learner rank on cuda (bf16, activation checkpointing, CPU offload, nccl), the hf
 # engine on cuda with a weight sync into it, and -- where vllm / sglang are installed -- their generate,
-# sleep/wake and weight-sync rounds. Without CUDA every test skips.
+# sleep/wake and weight-sync rounds. tests/gpu/test_real_size_gpu.py adds, one printed line each: the PPO critic
+# under bf16, a single rank's bf16 autocast against fp32, SGLang's wake after a sleep without a weight load, the
+# NCCL send after an update still queued on the learner's stream (2 GPUs), the IPC sync's peak memory (one bucket
+# in bf16), and three GRPO steps with the hf engine on the learner's GPU (peak memory against the dry run's
+# estimate, tokens/s). Without CUDA every test skips; none of them has run on a GPU yet.
 #
 #   scripts/gpu_checks.sh prepare   # where a registry is reachable: wheels of the small packages the GPU
 #                                   # machine lacks, for its Python (GPU_PYTHON, default 3.12), into build/gpu-wheels
