@@ -83,7 +83,7 @@ def all_commands() -> list[Command]:
     return [command for page in docs_pages() for command in marked_commands(page)]
 
 
-def run(command: Command, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+def run(command: Command, timeout_s: float = 540) -> subprocess.CompletedProcess[str]:
     """``command`` from the repository root; seconds on a quiet CPU, the limit is for a machine shared with others."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     argv = [sys.executable, "-c", command.text] if command.python else ["bash", "-c", command.text]
