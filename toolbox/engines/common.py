@@ -3,7 +3,7 @@
 Each of those engines receives a completion per request as token-id and log-prob lists; this module turns
 them into one batch, maps finish reasons, draws per-request seeds and counts the bytes of a weight update;
 `check_engine_gpus` checks at config load that a rollout worker reserves the GPUs its engine shards over,
-`engine_dtype` picks the dtype an engine computes in (``rollout.dtype``), and `refuse_reserved` keeps
+`engine_dtype` picks the dtype an engine computes in (``rollout.dtype``), and `ParallelEngineOptions` keeps
 ``engine_kwargs`` from repeating an argument the engine passes itself.
 Not here: anything about a backend's own API (in its module), or the hf engine's tensor-level path.
 """
@@ -13,9 +13,10 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from pydantic import BaseModel, field_validator
 
 from toolbox.core.errors import ConfigError
 from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest, RolloutBatch
@@ -141,11 +142,31 @@ def engine_dtype(engine: str, rollout_dtype: str, model_dtype: str) -> str:
     return "bfloat16" if engine in HALF_PRECISION_ENGINES else model_dtype
 
 
-def refuse_reserved(kwargs: dict[str, Any], reserved: dict[str, str], engine: str) -> dict[str, Any]:
-    """``engine_kwargs`` unchanged, or a ValueError for a key the engine passes itself (``reserved``: key -> the
-    setting to use instead); Python would otherwise fail at start with "got multiple values for keyword argument"."""
-    clash = sorted(reserved.keys() & kwargs.keys())
-    if clash:
-        uses = "; ".join(f"{key}: set {reserved[key]}" for key in clash)
-        raise ValueError(f"rollout.engine.engine_kwargs: {', '.join(clash)} is passed to {engine} by toolbox ({uses})")
-    return kwargs
+class ParallelEngineOptions(BaseModel):
+    """What the vLLM and SGLang engine configs share: ``engine_kwargs`` may not repeat an argument the engine passes
+    itself (Python would fail at start with "got multiple values for keyword argument"), and the engine's processes
+    are its tensor x pipeline parallel degree. Each config names its own: ``RESERVED`` (key -> the setting to use
+    instead), ``CALLEE``, ``TP_FIELD`` and ``PP_KEY``."""
+
+    RESERVED: ClassVar[dict[str, str]] = {}
+    CALLEE: ClassVar[str] = ""
+    TP_FIELD: ClassVar[str] = ""
+    PP_KEY: ClassVar[str] = ""
+    if TYPE_CHECKING:
+        engine_kwargs: dict[str, Any]
+
+    @field_validator("engine_kwargs", check_fields=False)
+    @classmethod
+    def _not_reserved(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        clash = sorted(cls.RESERVED.keys() & kwargs.keys())
+        if clash:
+            uses = "; ".join(f"{key}: set {cls.RESERVED[key]}" for key in clash)
+            raise ValueError(f"rollout.engine.engine_kwargs: {', '.join(clash)} is passed to {cls.CALLEE} by toolbox "
+                             f"({uses})")
+        return kwargs
+
+    @property
+    def sync_workers(self) -> int:
+        """The engine's worker processes, each a rank of a device-to-device sync group (and a GPU of the rollout
+        worker): tensor x pipeline parallel."""
+        return int(getattr(self, self.TP_FIELD)) * int(self.engine_kwargs.get(self.PP_KEY, 1))

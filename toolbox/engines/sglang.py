@@ -30,14 +30,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field
 
 from toolbox.engines.base import ENGINES, SamplingConfig
 from toolbox.engines.common import (
+    ParallelEngineOptions,
     Sample,
     batch_from_samples,
     finish_code,
-    refuse_reserved,
     tensor_bytes,
     wire_dtype,
 )
@@ -53,10 +53,11 @@ RESERVED = {"model_path": "model.path", "dtype": "rollout.dtype", "random_seed":
                                                    ("tp_size", "mem_fraction_static", "enable_memory_saver")}}
 
 
-class SGLangEngineConfig(BaseModel):
+class SGLangEngineConfig(ParallelEngineOptions):
     """Options of the ``sglang`` engine (passed to ``sglang.Engine``)."""
 
     model_config = ConfigDict(extra="forbid")
+    RESERVED, CALLEE, TP_FIELD, PP_KEY = RESERVED, "sglang.Engine", "tp_size", "pp_size"
     tp_size: int = Field(default=1, ge=1, description="GPUs one engine shards the model over (tensor parallelism).")
     mem_fraction_static: float = Field(
         default=0.5,
@@ -81,16 +82,6 @@ class SGLangEngineConfig(BaseModel):
         "the rollout worker reserves tensor x pipeline GPUs."
     )
 
-    @field_validator("engine_kwargs")
-    @classmethod
-    def _not_reserved(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
-        return refuse_reserved(kwargs, RESERVED, "sglang.Engine")
-
-    @property
-    def sync_workers(self) -> int:
-        """The engine's scheduler processes, each a rank of a device-to-device sync group: tensor x pipeline
-        parallel (data-parallel replicas take the object store, `toolbox.engines.placement`)."""
-        return self.tp_size * int(self.engine_kwargs.get("pp_size", 1))
 
 
 @ENGINES.register("sglang", config=SGLangEngineConfig)

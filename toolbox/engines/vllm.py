@@ -38,16 +38,16 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field
 
 from toolbox.core.errors import ConfigError
 from toolbox.engines.base import ENGINES, SamplingConfig
 from toolbox.engines.common import (
+    ParallelEngineOptions,
     Sample,
     batch_from_samples,
     call_rng,
     finish_code,
-    refuse_reserved,
     request_seeds,
     tensor_bytes,
     wire_dtype,
@@ -69,10 +69,12 @@ RESERVED = {"model": "model.path", "dtype": "rollout.dtype", "seed": "trainer.se
             **{k: f"rollout.engine.{k}" for k in ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
                                                   "enforce_eager", "enable_sleep_mode", "logprobs_mode")}}
 
-class VLLMEngineConfig(BaseModel):
+
+class VLLMEngineConfig(ParallelEngineOptions):
     """Options of the ``vllm`` engine (passed to ``vllm.LLM``)."""
 
     model_config = ConfigDict(extra="forbid")
+    RESERVED, CALLEE, TP_FIELD, PP_KEY = RESERVED, "vllm.LLM", "tensor_parallel_size", "pipeline_parallel_size"
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs one engine shards the model over.")
     gpu_memory_utilization: float = Field(
         default=0.5,
@@ -104,15 +106,6 @@ class VLLMEngineConfig(BaseModel):
         "rollout.num_workers). pipeline_parallel_size: the rollout worker reserves tensor x pipeline GPUs."
     )
 
-    @field_validator("engine_kwargs")
-    @classmethod
-    def _not_reserved(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
-        return refuse_reserved(kwargs, RESERVED, "vllm.LLM")
-
-    @property
-    def sync_workers(self) -> int:
-        """The engine's worker processes, each a rank of a device-to-device sync group: tensor x pipeline parallel."""
-        return self.tensor_parallel_size * int(self.engine_kwargs.get("pipeline_parallel_size", 1))
 
     def check_adapters(self, lora: LoraConfig) -> None:
         """Takes LoRA adapters (learner.lora.sync: adapter) as LoRA requests, which vLLM serves only when started
