@@ -1,5 +1,8 @@
 """``python -m toolbox.export RUN_DIR[/checkpoints/step_N] OUT_DIR``: a checkpoint as a Hugging Face model directory.
 
+Either side may be a URL of a filesystem fsspec knows (``s3://bucket/runs/x``, `toolbox.core.storage`): a remote
+checkpoint and its run's ``config.yaml`` are downloaded first, a remote OUT is written locally and uploaded.
+
 Runs in this process, without Ray: ``torch.distributed.checkpoint`` reads the sharded
 checkpoint, whatever number of learner ranks wrote it, into one plain copy of the base
 model, which is then saved with ``save_pretrained`` beside the base model's tokenizer. The
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from rich.markup import escape
 
 from toolbox.callbacks.console import tool_main
 from toolbox.core.errors import ConfigError
+from toolbox.core.storage import RemoteDir, check_location, fetch_checkpoint, is_remote
 
 
 @dataclass(frozen=True)
@@ -88,12 +93,30 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _export(args: argparse.Namespace) -> str:
-    out = Path(args.out)
-    if (out / "config.json").exists() and not args.force:
-        raise ConfigError(f"{out}: already holds a model (config.json); pass --force to overwrite it")
-    source = find_source(args.source)
-    written = export_checkpoint(source, out)
-    return f"exported {escape(str(source.checkpoint))} -> [bold]{escape(str(written))}[/]"
+    with tempfile.TemporaryDirectory(prefix="toolbox-export-") as scratch:
+        remote_out = check_location("OUT", args.out) if is_remote(args.out) else ""
+        out = Path(scratch) / "hf" if remote_out else Path(check_location("OUT", args.out))
+        held = RemoteDir(remote_out).exists("config.json") if remote_out else (out / "config.json").exists()
+        if held and not args.force:
+            raise ConfigError(f"{args.out}: already holds a model (config.json); pass --force to overwrite it")
+        source = find_source(fetch_run(args.source, Path(scratch) / "run") if is_remote(args.source) else args.source)
+        written = export_checkpoint(source, out)
+        if remote_out:
+            RemoteDir(remote_out).put_tree(written, "")
+            written = Path(remote_out)  # for the message only
+        return f"exported {escape(str(source.checkpoint))} -> [bold]{escape(str(written))}[/]"
+
+
+def fetch_run(url: str, local: Path) -> Path:
+    """A run's checkpoint named by URL (the run's, or its ``step_N``'s) and its ``config.yaml``, downloaded into
+    ``local`` (a run directory); returns ``local``."""
+    url = check_location("SOURCE", url, writable=False)
+    step = url.rstrip("/").rsplit("/", 1)[-1].startswith("step_")
+    run_url = url.rstrip("/").rsplit("/", 2)[0] if step else url
+    if fetch_checkpoint(url, local, field="SOURCE") is None:
+        raise ConfigError(f"{url}: the run has no complete checkpoint to export")
+    RemoteDir(run_url).get_file("config.yaml", local / "config.yaml")
+    return local
 
 if __name__ == "__main__":
     sys.exit(main())

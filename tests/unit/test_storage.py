@@ -1,6 +1,6 @@
 """Remote run storage through fsspec's memory filesystem: which locations are refused at start, the marker
 published last, pruning, resume from a URL, and a whole in-process SFT run published to and resumed from
-``memory://``. (No S3-compatible server is started here: the memory filesystem stands in for every remote one.)"""
+``memory://``, exported from and to URLs. (No S3-compatible server is started here: the memory filesystem stands in for every remote one.)"""
 
 from __future__ import annotations
 
@@ -104,9 +104,12 @@ def test_a_run_publishes_to_memory_and_resumes_from_its_url(tmp_path: Path, memf
     base = ["experiment=sft_tiny", "ray.local_mode=true", "learner.strategy=single", "learner.num_workers=1",
             "callbacks=[{name: jsonl}]", "trainer.eval_every=0", "trainer.run_root=memory://runs",
             f"trainer.staging_root={tmp_path}", "trainer.total_steps=4", "trainer.keep_checkpoints=0"]
-    first = ExperimentBuilder(load_config([*base, "trainer.save_every=2", "trainer.run_name=a"])).build_trainer()
+    first = ExperimentBuilder(load_config([*base, "trainer.save_every=2", "trainer.run_name=a",
+                                           "trainer.keep_best={metric: loss, mode: min}"])).build_trainer()
     first.fit()
     assert RemoteDir("memory://runs/a").complete_checkpoints() == ["step_2", "step_4"]
+    assert memfs.cat_file("/runs/a/checkpoints/best/best.json") == (tmp_path / "a/checkpoints/best/best.json").read_bytes()
+    assert memfs.exists(f"/runs/a/checkpoints/best/{COMPLETE}")
     assert memfs.exists("/runs/a/config.yaml") and memfs.exists("/runs/a/metrics.jsonl")
     resumed = ExperimentBuilder(load_config([*base, "trainer.run_name=b",
                                              "trainer.resume_from=memory://runs/a/checkpoints/step_2"]))
@@ -114,3 +117,10 @@ def test_a_run_publishes_to_memory_and_resumes_from_its_url(tmp_path: Path, memf
     trainer = resumed.build_trainer()
     trainer.fit()
     assert [m["loss"] for m in trainer.history] == pytest.approx([m["loss"] for m in first.history[2:]], rel=1e-6)
+    # toolbox export from the run's URL to another URL: downloaded, exported, uploaded
+    from toolbox.export import main as export_main
+
+    assert export_main(["memory://runs/a/checkpoints/step_2", "memory://exports/a"]) == 0
+    assert memfs.exists("/exports/a/config.json") and memfs.exists("/exports/a/model.safetensors")
+    assert export_main(["memory://runs/a", "memory://exports/a"]) == 2  # a model is there: --force to overwrite
+    assert export_main(["memory://runs/a", "memory://exports/a", "--force"]) == 0

@@ -108,6 +108,9 @@ class RemoteDir:
         entries = self._do("list", lambda: self.fs.ls(where, detail=False))
         return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
 
+    def get_file(self, rel: str, local: Path) -> None:
+        self._do("get", lambda: self.fs.get_file(self.path(rel), str(local)))
+
     def put_file(self, local: Path, rel: str) -> None:
         self._do("put", lambda: self.fs.put_file(str(local), self.path(rel)))
 
