@@ -14,7 +14,7 @@ from toolbox.core.errors import ConfigError
 from toolbox.core.retry import RetryPolicy, retry_counts, transient
 from toolbox.core.storage import COMPLETE, RemoteDir, check_location, fetch_checkpoint, publish_checkpoint
 from toolbox.experiment import ExperimentBuilder
-from toolbox.trainers.checkpoints import begin, commit, resolve_resume
+from toolbox.trainers.checkpoints import begin, commit, resolve_resume, resume_command
 
 
 @pytest.fixture
@@ -111,6 +111,9 @@ def test_a_run_publishes_to_memory_and_resumes_from_its_url(tmp_path: Path, memf
     assert memfs.cat_file("/runs/a/checkpoints/best/best.json") == (tmp_path / "a/checkpoints/best/best.json").read_bytes()
     assert memfs.exists(f"/runs/a/checkpoints/best/{COMPLETE}")
     assert memfs.exists("/runs/a/config.yaml") and memfs.exists("/runs/a/metrics.jsonl")
+    assert resume_command(tmp_path / "a") == (
+        f"python -m toolbox.run experiment={tmp_path}/a/config.yaml trainer.run_root=memory://runs "
+        f"trainer.staging_root={tmp_path} trainer.run_name=a trainer.resume_from=auto")
     resumed = ExperimentBuilder(load_config([*base, "trainer.run_name=b",
                                              "trainer.resume_from=memory://runs/a/checkpoints/step_2"]))
     assert resumed.resume_from == str(tmp_path / "b" / "checkpoints" / "step_2")

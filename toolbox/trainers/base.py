@@ -22,6 +22,7 @@ import torch
 
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import Event, EventBus
+from toolbox.core.retry import retry_counts
 from toolbox.trainers import checkpoints
 from toolbox.trainers.roles import CheckpointRole, StatefulRole
 from toolbox.trainers.watch import MetricWatch, keep_best
@@ -73,6 +74,9 @@ class BaseTrainer(ABC):
         metrics = self.train_step(self.step)
         self.step += 1
         metrics["step_time_s"] = time.perf_counter() - t0
+        retries = sum(retry_counts().values())  # the driver's remote calls retried so far (toolbox.core.retry)
+        if retries:
+            metrics["retries"] = float(retries)
         if target is not None:
             log.info("profile of step %d: %s", self.step, ", ".join(target[0].profile(None)))
         self.history.append(metrics)

@@ -152,6 +152,22 @@ def resume_command(run_dir: Path) -> str | None:
     """
     if latest_checkpoint(run_dir) is None:
         return None
-    args = [f"experiment={run_dir / 'config.yaml'}", f"trainer.run_root={run_dir.parent}",
+    root, staging = str(run_dir.parent), []
+    remote = remote_root(run_dir)
+    if remote:  # a remote run: resume from its published checkpoints, staged where it was
+        root, staging = remote, [f"trainer.staging_root={run_dir.parent}"]
+    args = [f"experiment={run_dir / 'config.yaml'}", f"trainer.run_root={root}", *staging,
             f"trainer.run_name={run_dir.name}", "trainer.resume_from=auto"]
     return "python -m toolbox.run " + " ".join(shlex.quote(a) for a in args)
+
+
+def remote_root(run_dir: Path) -> str:
+    """The remote ``trainer.run_root`` a staged run directory is published to (from its ``config.yaml``); empty for
+    a local run."""
+    import yaml
+
+    try:
+        root = str(yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]["run_root"])
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return ""
+    return root if is_remote(root) else ""
