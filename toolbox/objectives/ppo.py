@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from toolbox.objectives.policy import clipped_policy_terms
+from toolbox.objectives.registry import ValueLoss
 from toolbox.objectives.value import clipped_value_terms
 
 
@@ -34,11 +35,12 @@ class PPOLossTerms:
 
 def ppo_env_loss(logp_B: torch.Tensor, old_logp_B: torch.Tensor, adv_B: torch.Tensor, entropy_B: torch.Tensor,
                  values_B: torch.Tensor, old_values_B: torch.Tensor, returns_B: torch.Tensor, *, clip: float,
-                 value_clip: float, vf_coef: float, ent_coef: float) -> PPOLossTerms:
-    """``policy + vf_coef * value - ent_coef * entropy`` on one minibatch of env steps."""
+                 value_fn: ValueLoss, vf_coef: float, ent_coef: float) -> PPOLossTerms:
+    """``policy + vf_coef * value - ent_coef * entropy`` on one minibatch of env steps; ``value`` is the mean of
+    ``value_fn`` (the config's value loss, `toolbox.objectives.registry.VALUE_LOSSES`) over the steps."""
     pg_B1, clipped_B1 = clipped_policy_terms(logp_B.unsqueeze(1), old_logp_B.unsqueeze(1), adv_B, clip, clip)
     policy = pg_B1.mean()
-    value = value_loss(values_B, old_values_B, returns_B, value_clip)
+    value = value_fn(values_B, old_values_B, returns_B).mean()
     entropy = entropy_B.mean()
     loss = policy + vf_coef * value - ent_coef * entropy
     with torch.no_grad():

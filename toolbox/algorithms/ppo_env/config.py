@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
+from toolbox.algorithms.pieces import ValueLossChoice
 from toolbox.config.algorithm import AlgorithmConfig
 from toolbox.core.errors import ConfigError
 from toolbox.models.mlp import PolicyConfig, SpaceSpec
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from toolbox.config.schema import ExperimentConfig
 
 
-class PPOEnvConfig(AlgorithmConfig):
+class PPOEnvConfig(AlgorithmConfig, ValueLossChoice):
     """The algorithm section of a classic-RL experiment (PPO on a gymnasium env)."""
 
     name: Literal["ppo_env"] = Field("ppo_env", description="Algorithm: selects the config, learner, loop and wiring.")
@@ -28,7 +29,6 @@ class PPOEnvConfig(AlgorithmConfig):
     epochs: int = Field(4, ge=1, description="Passes over each rollout batch.")
     minibatches: int = Field(4, ge=1, description="Optimizer steps per epoch (the batch is shuffled and split).")
     clip: float = Field(0.2, gt=0, description="Policy ratio clip range: ratio in [1 - clip, 1 + clip].")
-    value_clip: float = Field(0.2, ge=0, description="Clip value updates to +-value_clip around the old values (0: unclipped).")
     vf_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     ent_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
     target_kl: float | None = Field(None, gt=0, description="Stop the epochs early once approx KL exceeds this (null: never).")

@@ -23,6 +23,7 @@ from toolbox.learner.rows import mean_stats, rank_slice
 from toolbox.learner.strategy import wrap
 from toolbox.models.mlp import ActorCritic, SpaceSpec
 from toolbox.objectives.ppo import ppo_env_loss
+from toolbox.objectives.registry import VALUE_LOSSES
 from toolbox.rl.advantages import gae
 
 Samples = dict[str, torch.Tensor]
@@ -51,6 +52,7 @@ class PPOEnvLearner:
         self.cfg, self.algo = cfg, algo
         self.model = ActorCritic(spec, algo.policy)  # unwrapped: its running statistics are read and updated here
         self.policy = PolicyRank(wrap(self.model, cfg.strategy), cfg, total_steps * algo.epochs * algo.minibatches)
+        self.value_loss = VALUE_LOSSES.build(algo.value_loss)
 
     # ---- the update -------------------------------------------------------------------------
     def update(self, batches: list[TrajectoryBatch]) -> dict[str, float]:
@@ -109,7 +111,7 @@ class PPOEnvLearner:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         a = self.algo
         terms = ppo_env_loss(logp, mb["logp"], adv, entropy, values, mb["values"], mb["returns"], clip=a.clip,
-                             value_clip=a.value_clip, vf_coef=a.vf_coef, ent_coef=a.ent_coef)
+                             value_fn=self.value_loss, vf_coef=a.vf_coef, ent_coef=a.ent_coef)
         if self.algo.target_kl is not None and global_sum([terms.approx_kl])[0] / world() > self.algo.target_kl:
             return False
         terms.loss.backward()
