@@ -133,11 +133,12 @@ def registries() -> dict[str, Any]:
     from toolbox.data.tasks import TASKS
     from toolbox.engines import ENGINES
     from toolbox.learner.optimizers import OPTIMIZERS
+    from toolbox.models.causal_lm import MODELS
     from toolbox.objectives.registry import LOSS_FAMILIES
     from toolbox.rewards import REWARDS
     from toolbox.rl.advantages import ADVANTAGES
 
-    return {"algorithm": ALGORITHMS, "engine": ENGINES, "reward": REWARDS, "task": TASKS,
+    return {"algorithm": ALGORITHMS, "model": MODELS, "engine": ENGINES, "reward": REWARDS, "task": TASKS,
             **{f"{family} loss": losses for family, losses in LOSS_FAMILIES.items()}, "advantage": ADVANTAGES,
             "optimizer": OPTIMIZERS, "callback": CALLBACKS, "text_env": TEXT_ENVS, "tool": TOOLS}
 
