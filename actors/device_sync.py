@@ -20,19 +20,20 @@ from .roles import EngineGroup, LearnerGroupBase
 log = logging.getLogger(__name__)
 
 
-def open_nccl_sync(learner: object, engines: object, buffer_bytes: int, wire: Wire = "vllm") -> None:
+def open_nccl_sync(learner: object, engines: object, buffer_bytes: int, wire: Wire = "vllm", dtype: str = "") -> None:
     """Learner rank 0 and every engine worker join one NCCL group (rank 0 hosts the rendezvous on a free port of its
     node); the engines learn the weight manifest. Afterwards ``learner.export_weights()`` sends and
     ``engines.update_weights(...)`` receives (`LearnerGroupBase.device_sync`, `EngineGroup.device_sync`).
     ``learner`` / ``engines``: the role groups of `toolbox.actors.roles` (the trainers see them as Protocols);
-    ``wire``: the engines' receiver (``vllm`` or ``sglang``, the ``rollout.engine.name``)."""
+    ``wire``: the engines' receiver (``vllm`` or ``sglang``, the ``rollout.engine.name``); ``dtype``: the engines'
+    (``rollout.dtype``), which learner rank 0 casts floating-point weights to before sending."""
     if not isinstance(learner, LearnerGroupBase) or not isinstance(engines, EngineGroup):
         raise TypeError(f"nccl weight sync: needs the learner and rollout role groups of toolbox.actors.roles, got "
                         f"{type(learner).__name__} and {type(engines).__name__}")
     address, port = learner.group.call("rendezvous", ranks=[0])[0]
     workers = engines.group.call("sync_workers")
-    init, offsets = plan_group(address, port, workers, buffer_bytes, wire)
-    manifest = learner.group.call("weight_manifest", ranks=[0])[0]
+    init, offsets = plan_group(address, port, workers, buffer_bytes, wire, dtype)
+    manifest = learner.group.call("weight_manifest", [(dtype,)], ranks=[0])[0]
     # Both sides in flight before either is waited on: the rendezvous returns only when all world_size ranks joined.
     joining = engines.group.submit("open_weight_sync", [(init.worker_info(o), manifest) for o in offsets])
     wait(learner.broadcast("open_weight_sync", init), joining)

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from toolbox.core.seeding import seed_everything
-from toolbox.engines.nccl_sync import NcclSyncInit, NcclWeightSender
+from toolbox.engines.nccl_sync import NcclSyncInit, NcclWeightSender, weight_manifest
 from toolbox.learner.host_offload import HostOffload
 from toolbox.learner.profiling import RankProfiler
 from toolbox.learner.strategy import backend_for, peak_memory_gb, resolve_device
@@ -150,9 +150,10 @@ class LearnerWorker:
     # ---- device-to-device weight sync (toolbox.engines.nccl_sync; the driver side is toolbox.actors.device_sync)
     sender: NcclWeightSender | None = None
 
-    def weight_manifest(self) -> list[TensorSpec]:
-        """Names, dtypes and shapes the NCCL sync sends, in order (announced to the engines once)."""
-        return self._sender().manifest
+    def weight_manifest(self, dtype: str = "") -> list[TensorSpec]:
+        """Names, dtypes (floating-point ones in ``dtype``, the engines') and shapes the NCCL sync sends, in order
+        (announced to the engines once)."""
+        return weight_manifest(self._sender().model, dtype)
 
     def open_weight_sync(self, init: NcclSyncInit) -> None:
         """Every rank: rank 0 joins the NCCL group with the engines' workers (concurrently with their join)."""

@@ -82,7 +82,8 @@ class FakeLearnerRank:
     def rendezvous(self) -> tuple[str, int]:
         return "10.0.0.1", 29500
 
-    def weight_manifest(self) -> list[TensorSpec]:
+    def weight_manifest(self, dtype: str = "") -> list[TensorSpec]:
+        self.log.append(("manifest", self.rank, dtype))
         return [TensorSpec("w", "bfloat16", (2, 2), 8)]
 
     def open_weight_sync(self, init: NcclSyncInit) -> None:
@@ -112,7 +113,8 @@ def test_driver_opens_the_group_then_export_sends_and_update_receives() -> None:
     log: list = []
     learner = PolicyLearnerGroup(LocalGroup("learner", [FakeLearnerRank(log, r) for r in range(2)]))
     rollout = RolloutGroup(LocalGroup("rollout", [FakeRolloutWorker(log, r, w) for r, w in enumerate((2, 1))]))
-    open_nccl_sync(learner, rollout, 1 << 20)
+    open_nccl_sync(learner, rollout, 1 << 20, dtype="bfloat16")
+    assert log.pop(0) == ("manifest", 0, "bfloat16")  # announced in the engines' dtype
     # Engines first (in flight), then every learner rank; nobody waited in between (LocalGroup runs calls at submit).
     assert log == [("engine open", 0, 1, 4, ["w"]), ("engine open", 1, 3, 4, ["w"]),
                    ("learner open", 0, 4), ("learner open", 1, 4)]
@@ -165,3 +167,15 @@ def test_send_waits_for_the_device_before_walking_the_weights(monkeypatch: pytes
     sender.init = NcclSyncInit("h", 1, 2, 64)
     sender.send()
     assert log[0] == ("synchronize", "cuda:0") and log[1] == "gather"  # the optimizer step is done before any read
+
+
+def test_floating_weights_are_announced_and_sent_in_the_engines_dtype() -> None:
+    from toolbox.engines.nccl_sync import cast
+
+    model = torch.nn.Embedding(4, 2)
+    model.register_buffer("steps", torch.arange(3))
+    manifest = weight_manifest(model, "bfloat16")
+    assert [(s.name, s.dtype, s.nbytes) for s in manifest] == [("weight", "bfloat16", 16), ("steps", "int64", 24)]
+    sent = list(checked(cast(iter(model.state_dict().items()), "bfloat16"), manifest))
+    assert [t.dtype for _, t in sent] == [torch.bfloat16, torch.int64]
+    assert torch.equal(sent[0][1], model.weight.detach().bfloat16())

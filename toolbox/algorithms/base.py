@@ -100,7 +100,7 @@ def policy_wiring(builder: ExperimentBuilder, bus: EventBus, learner_cls: type, 
         from toolbox.actors.device_sync import open_nccl_sync
 
         open_nccl_sync(roles.learner, roles.rollout, c.learner.bucket_mb << 20,
-                       wire="sglang" if c.rollout.engine.name == "sglang" else "vllm")
+                       wire="sglang" if c.rollout.engine.name == "sglang" else "vllm", dtype=rollout_dtype(c))
     return OnlineTrainer(builder.trainer_config(), bus, algo, c.rollout.sampling, roles.prompts, roles.rollout,
                          roles.reward, roles.learner, builder.run_dir, c.experiment, dynamic=dynamic,
                          colocate=c.rollout.placement == "colocate", max_staleness=c.rollout.max_staleness,

@@ -17,9 +17,10 @@ tensor against the manifest and broadcasts) and the driver's (`toolbox.actors.de
   ``learner.bucket_mb`` (double-buffered, two CUDA streams); both sides cut at the same tensor because they walk
   the same manifest, which is why `NcclWeightSender.send` checks every tensor against it.
 - **A round.** engine: ``start_weight_update`` -> ``update_weights`` (receives and loads chunk by chunk) ->
-  ``finish_weight_update``; learner: every rank walks the weights (FSDP2 shards are gathered with
-  ``DTensor.full_tensor()``, a collective, one tensor at a time), rank 0 broadcasts each chunk from its GPU. Nothing
-  goes through host memory or Ray's object store.
+  ``finish_weight_update``; learner: every rank waits for its device (the optimizer step), walks the weights
+  (FSDP2 shards are gathered with ``DTensor.full_tensor()``, a collective, one tensor at a time), rank 0 casts
+  floating-point tensors to the engines' dtype (`NcclSyncInit.dtype`, announced in the manifest) and broadcasts each chunk from its GPU. Nothing goes
+  through host memory or Ray's object store.
 
 **SGLang** (``wire="sglang"``): SGLang 0.5.23's distributed weight update. The group is a ``torch.distributed``
 process group of its own, made on both sides by SGLang's ``init_custom_process_group`` (TCP rendezvous at
@@ -65,6 +66,7 @@ class NcclSyncInit:
     num_buffers: int = PACKED_NUM_BUFFERS
     wire: Wire = "vllm"  # whose receiver the engines run
     backend: str = "nccl"  # sglang wire: the torch.distributed backend (gloo only in the CPU contract tests)
+    dtype: str = ""  # the engines' dtype, which floating-point weights are cast to on rank 0; "": as they are
 
     def trainer_info(self) -> dict[str, Any]:
         """What vLLM's ``nccl_common.trainer_init`` reads (the learner side is NCCL rank 0)."""
@@ -82,13 +84,13 @@ class NcclSyncInit:
 
 
 def plan_group(address: str, port: int, workers_per_engine: Sequence[int], buffer_bytes: int,
-               wire: Wire = "vllm") -> tuple[NcclSyncInit, list[int]]:
+               wire: Wire = "vllm", dtype: str = "") -> tuple[NcclSyncInit, list[int]]:
     """The group's init and each engine's ``rank_offset``: learner rank 0 is rank 0, engine i's workers follow
     engine i-1's."""
     if not workers_per_engine or min(workers_per_engine) < 1:
         raise ValueError(f"nccl weight sync: every engine needs at least one worker, got {list(workers_per_engine)}")
     offsets = [1 + sum(workers_per_engine[:i]) for i in range(len(workers_per_engine))]
-    return NcclSyncInit(address, port, 1 + sum(workers_per_engine), buffer_bytes, wire=wire), offsets
+    return NcclSyncInit(address, port, 1 + sum(workers_per_engine), buffer_bytes, wire=wire, dtype=dtype), offsets
 
 
 def plan_buckets(manifest: Sequence[TensorSpec], buffer_bytes: int) -> list[range]:
@@ -120,11 +122,25 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def weight_manifest(model: nn.Module) -> list[TensorSpec]:
-    """Name, dtype, full shape and bytes of every tensor the sync sends, in the order it sends them. The same on
-    every learner rank, and without any communication."""
-    return [TensorSpec(name, _dtype_name(t.dtype), tuple(t.shape), math.prod(t.shape) * t.element_size())
-            for name, t in _state(model).items()]
+def weight_manifest(model: nn.Module, dtype: str = "") -> list[TensorSpec]:
+    """Name, dtype, full shape and bytes of every tensor the sync sends, in the order it sends them; floating-point
+    tensors in ``dtype`` (the engines') when given. The same on every learner rank, and without any communication."""
+    specs = []
+    for name, t in _state(model).items():
+        sent = _wire_dtype(t, dtype)
+        specs.append(TensorSpec(name, _dtype_name(sent), tuple(t.shape), math.prod(t.shape) * sent.itemsize))
+    return specs
+
+
+def _wire_dtype(tensor: torch.Tensor, dtype: str) -> torch.dtype:
+    return getattr(torch, dtype) if dtype and tensor.is_floating_point() else tensor.dtype
+
+
+def cast(pairs: Iterator[tuple[str, torch.Tensor]], dtype: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """``pairs`` with floating-point tensors in ``dtype`` (one at a time, on their device): an fp32 learner sends a
+    bf16 engine half the bytes, and the engine loads what it keeps."""
+    for name, tensor in pairs:
+        yield name, tensor.to(_wire_dtype(tensor, dtype))
 
 
 def update_info(manifest: Sequence[TensorSpec]) -> dict[str, Any]:
@@ -223,6 +239,7 @@ class NcclWeightSender:
             raise RuntimeError(f"nccl weight sync: learner rank {self.rank} sees no GPU; the device-to-device sync "
                                f"needs the learner on cuda (learner.gpus_per_worker > 0)")
         self.init = init
+        self.manifest = weight_manifest(self.model, init.dtype)  # what the engines were told (`announce`)
         if self.rank != 0:
             return
         if init.wire == "sglang":
@@ -242,14 +259,14 @@ class NcclWeightSender:
             raise RuntimeError(f"nccl weight sync: learner rank {self.rank} sends before open()")
         # Every rank checks, without communicating, so that all of them stop together (rank 0 alone stopping would
         # leave the others waiting in a gather).
-        if weight_manifest(self.model) != self.manifest:
+        if weight_manifest(self.model, self.init.dtype) != self.manifest:
             raise RuntimeError(f"nccl weight sync: learner rank {self.rank}'s weights no longer match the manifest "
                                f"announced to the engines at open (a changed model needs a new group)")
         if self.device.type == "cuda":
             # vLLM's producer packs and broadcasts on streams of its own, which do not wait for the optimizer step
             # queued on this rank's stream: without this the first chunks could carry half-updated parameters.
             torch.cuda.synchronize(self.device)
-        pairs = full_weights(self.model, self.device)
+        pairs = cast(full_weights(self.model, self.device), self.init.dtype)
         if self.rank != 0:
             for _ in pairs:  # join each gather; rank 0 sends
                 pass
