@@ -35,7 +35,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("toolbox.config.loader", "toolbox.algorithms"): "algorithm configs registered, not imported by config/",
     ("toolbox.config.schema", "toolbox.algorithms"): "algorithm configs registered, not imported by config/",
     ("toolbox.data.rows", "toolbox.config.paths"): "the paths module belongs in core",
-    ("toolbox.trainers.online", "toolbox.algorithms.pieces"): "dynamic sampling's config belongs below the loops",
 }
 
 

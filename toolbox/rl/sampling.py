@@ -1,10 +1,34 @@
-"""DAPO's dynamic sampling: which groups carry signal, and which to train on after several rounds."""
+"""The shape of a step's sampling (`GroupShape`) and DAPO's dynamic sampling (`DynamicRounds`): which groups carry
+signal, and which to train on after several rounds. The Protocols are what the online loop reads of an algorithm's
+config (`toolbox.algorithms.pieces.GroupSampling` and `DynamicSampling` have them)."""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 
 from toolbox.rl.advantages import within_noise
+
+
+class GroupShape(Protocol):
+    """How many prompts a step samples and how many completions each gets."""
+
+    @property
+    def prompts_per_step(self) -> int: ...
+
+    @property
+    def group_size(self) -> int: ...
+
+
+class DynamicRounds(Protocol):
+    """Whether a step samples more rounds until enough groups carry signal, and how many at most."""
+
+    @property
+    def dynamic_sampling(self) -> bool: ...
+
+    @property
+    def max_sampling_rounds(self) -> int: ...
 
 
 def informative_groups(values_B: torch.Tensor, ok_B: torch.Tensor, group_B: torch.Tensor) -> dict[int, bool]:

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import torch
 
-from toolbox.algorithms.pieces import DynamicSampling, GroupSampling
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import Event, EventBus
 from toolbox.core.pending import Pending, wait
@@ -37,7 +36,7 @@ from toolbox.engines.base import SamplingConfig
 from toolbox.learner.throughput import step_rates
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import PromptRequest, RolloutBatch
-from toolbox.rl.sampling import choose_groups, informative_groups
+from toolbox.rl.sampling import DynamicRounds, GroupShape, choose_groups, informative_groups
 from toolbox.tracing.entries import StepSamples, TraceRequest
 from toolbox.trainers.base import BaseTrainer
 from toolbox.trainers.healing import step_with_restarts, with_restarts
@@ -90,9 +89,9 @@ class OnlineTrainer(BaseTrainer):
     ``dynamic`` (DAPO) draws more rounds of prompts until enough groups carry signal.
     """
 
-    def __init__(self, cfg: TrainerConfig, bus: EventBus, algo: GroupSampling, sampling: SamplingConfig,
+    def __init__(self, cfg: TrainerConfig, bus: EventBus, algo: GroupShape, sampling: SamplingConfig,
                  prompts: PromptSource, rollout: RolloutRole, reward: RewardRole, learner: PolicyLearnerRole,
-                 run_dir: Path, experiment: str = "", dynamic: DynamicSampling | None = None,
+                 run_dir: Path, experiment: str = "", dynamic: DynamicRounds | None = None,
                  colocate: bool = False, max_staleness: int = 0, steps_per_generation: int = 1) -> None:
         """``colocate`` (``rollout.placement: colocate``): each rollout worker puts its engine to sleep once its shard
         is generated, before the learner trains on it; loading the new weights wakes it. ``max_staleness``
