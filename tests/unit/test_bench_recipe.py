@@ -71,7 +71,8 @@ def test_race_plot_and_table(tmp_path: Path) -> None:
     figures = {"experiment": "x", "vs_trl": {"curves": curves}}
     path = recipe.race_plot(figures, tmp_path / "race.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
-    assert recipe.race_table(figures["vs_trl"]).rows[-1] == ["trl", "6", "95", "0.200"]
+    table = recipe.curve_table(curves)
+    assert table.rows[-1] == ["trl", "6", "95", "0.200"] and table.title.endswith("toolbox and trl")
 
 
 def test_memory_at_the_peak_names_each_process() -> None:
@@ -83,3 +84,16 @@ def test_memory_at_the_peak_names_each_process() -> None:
     assert any(label.endswith("-m pytest") for label, _ in memory.at_peak)
     table = recipe.memory_table({"at_peak_mib": [["ray::RolloutWorker", 800]]})
     assert table.rows == [["ray::RolloutWorker", "800"]]
+
+
+def test_a_run_with_other_settings_reports_as_a_section_of_its_own(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    figures = {"experiment": "x", "wall_s": 10.0, "peak_pss_gib": 1.0, "run_dir": str(tmp_path),
+               "overrides": ["learner.lora=null", "trainer.save_every=10", "trainer.keep_checkpoints=0"],
+               "trained": {"pass@1": 0.5, "prompts": 8},
+               "curve": [{"step": 10.0, "train_s": 50.0, "pass@1": 0.5}]}
+    out = tmp_path / "report.md"
+    recipe.report(figures, SimpleNamespace(report=out), ["x", "--curve", "learner.lora=null"])
+    text = out.read_text()
+    assert "## recipe x (learner.lora=null)\n" in text and "| toolbox | 10 | 50 | 0.500 |" in text

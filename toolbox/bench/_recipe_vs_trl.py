@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+CURVE_DIR = "curve"  # in the recipe's run directory: the checkpoints' exports while scored, their eval outputs
 TRL_DIR = "vs-trl"  # in the recipe's run directory: TRL's adapters, merged copies while scored, eval outputs
 
 
@@ -128,35 +129,44 @@ def export_checkpoint(checkpoint: Path, out: Path) -> Path:
     return out
 
 
+def checkpoint_curve(figures: dict[str, Any], every: int, evaluate: Any) -> list[dict[str, float]]:
+    """Held-out pass@1 of the recipe run in ``figures`` over its training seconds: the base (when scored), every
+    ``every``-th checkpoint (exported, then scored with ``evaluate(config, model_dir, out_dir)``) and the
+    exported model."""
+    run_dir = Path(figures["run_dir"])
+    work = run_dir / CURVE_DIR
+    work.mkdir(exist_ok=True)
+    points = toolbox_points(run_dir, every)
+    for point in points[:-1]:
+        model = export_checkpoint(run_dir / "checkpoints" / f"step_{int(point['step'])}", work / "model")
+        point["pass@1"] = evaluate(str(run_dir / "config.yaml"), str(model), work / f"eval-{int(point['step'])}")["pass@1"]
+        shutil.rmtree(model)
+    points[-1]["pass@1"] = figures["trained"]["pass@1"]
+    return _from_base(figures) + points
+
+
+def _from_base(figures: dict[str, Any]) -> list[dict[str, float]]:
+    return [{"step": 0.0, "train_s": 0.0, "pass@1": figures["base"]["pass@1"]}] if "base" in figures else []
+
+
 def race(figures: dict[str, Any], every: int, evaluate: Any, log_dir: Path | None = None) -> dict[str, Any]:
-    """TRL against the recipe run in ``figures`` (its run directory, base and trained scores); every point of
-    both sides scored with ``evaluate(config, model_dir, out_dir)``. Returns both curves and the equal-time
-    comparison."""
+    """TRL against the recipe run in ``figures`` (its run directory, base and trained scores, and its
+    `checkpoint_curve` as ``curve``); TRL's points scored with ``evaluate(config, model_dir, out_dir)`` too.
+    Returns both curves and the equal-time comparison."""
     from toolbox.bench._grpo_vs_trl import run_child
 
     run_dir = Path(figures["run_dir"])
     work = run_dir / TRL_DIR
     work.mkdir(exist_ok=True)
-    config = str(run_dir / "config.yaml")
-    ours = toolbox_points(run_dir, every)
+    ours = figures["curve"]
     spec = trl_spec(run_dir, ours[-1]["train_s"], every)
     theirs = run_child("toolbox.bench._recipe_vs_trl", spec, log_dir or work, "trl", "bench recipe --vs trl: TRL")
-    last = ours[-1]["step"]
-    for point in ours:
-        if point["step"] == last:
-            point["pass@1"] = figures["trained"]["pass@1"]
-            continue
-        model = export_checkpoint(run_dir / "checkpoints" / f"step_{int(point['step'])}", work / "model")
-        point["pass@1"] = evaluate(config, str(model), work / f"eval-toolbox-{int(point['step'])}")["pass@1"]
-        shutil.rmtree(model)
     for point in theirs["points"]:
         model = merge_adapter(spec["model_dir"], point["adapter"], work / "model")
-        point["pass@1"] = evaluate(config, str(model), work / f"eval-trl-{int(point['step'])}")["pass@1"]
+        point["pass@1"] = evaluate(str(run_dir / "config.yaml"), str(model), work / f"eval-{int(point['step'])}")["pass@1"]
         shutil.rmtree(model)
-    base = {"step": 0.0, "train_s": 0.0, "pass@1": figures["base"]["pass@1"]} if "base" in figures else None
-    curves = {"toolbox": ([base] if base else []) + ours, "trl": ([base] if base else []) + theirs["points"]}
-    at_equal = equal_time(curves)
-    return {"curves": curves, **at_equal, "trl_peak_pss_mib": theirs["peak_pss_mib"]}
+    curves = {"toolbox": ours, "trl": _from_base(figures) + theirs["points"]}
+    return {"curves": curves, **equal_time(curves), "trl_peak_pss_mib": theirs["peak_pss_mib"]}
 
 
 def equal_time(curves: dict[str, list[dict[str, float]]]) -> dict[str, Any]:

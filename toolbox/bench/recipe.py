@@ -35,7 +35,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--vs", choices=["trl"], default=None,
                         help="also train TRL's GRPOTrainer on the recipe's workload for the same training seconds, "
                         "score both sides' checkpoints and plot both curves (`toolbox.bench._recipe_vs_trl`)")
-    parser.add_argument("--every", type=int, default=10, help="with --vs: checkpoint (and score) every N steps")
+    parser.add_argument("--curve", action="store_true",
+                        help="score every --every-th checkpoint too: held-out pass@1 over training seconds (--vs "
+                        "implies it)")
+    parser.add_argument("--every", type=int, default=10, help="with --curve or --vs: checkpoint and score every N steps")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     parser.add_argument("--figures", type=Path, default=None,
                         help="report the figures of an earlier --out JSON instead of running (no run, no eval)")
@@ -70,6 +73,9 @@ def evaluate(experiment: str, model: str, overrides: list[str], prompts: int, ou
     return dict(json.loads((out / "eval.json").read_text())["metrics"])
 
 
+CURVE_SETTINGS = ("trainer.save_every", "trainer.keep_checkpoints")  # what --curve adds to the run's overrides
+
+
 def figures_table(figures: dict[str, Any]) -> ReportTable:
     rows = [["launch to exit (train, evaluate, export)", f"{figures['wall_s']:.0f} s"],
             ["peak memory, all processes (PSS)", f"{figures['peak_pss_gib']:.2f} GiB"]]
@@ -80,11 +86,11 @@ def figures_table(figures: dict[str, Any]) -> ReportTable:
     return ReportTable(f"recipe {figures['experiment']}", ["measure", "value"], rows)
 
 
-def race_table(race: dict[str, Any]) -> ReportTable:
-    """Both sides' scored points: step, training seconds, held-out pass@1."""
+def curve_table(curves: dict[str, list[dict[str, float]]]) -> ReportTable:
+    """Each side's scored points: step, training seconds, held-out pass@1."""
     rows = [[side, f"{p['step']:.0f}", f"{p['train_s']:.0f}", f"{p['pass@1']:.3f}"]
-            for side, points in race["curves"].items() for p in points]
-    return ReportTable("held-out pass@1 against training time, toolbox and TRL",
+            for side, points in curves.items() for p in points]
+    return ReportTable(f"held-out pass@1 against training time: {' and '.join(curves)}",
                        ["side", "step", "training s", "pass@1"], rows)
 
 
@@ -142,42 +148,61 @@ def _without_figures(argv: list[str]) -> list[str]:
     return out
 
 
-def main(argv: list[str]) -> int:
-    args, overrides = parse(argv)
-    if args.vs:  # every point of the toolbox curve is a checkpoint to score
-        overrides = [*overrides, f"trainer.save_every={args.every}", "trainer.keep_checkpoints=0"]
-    if args.figures:
-        figures: dict[str, Any] = json.loads(args.figures.read_text())
-    else:
-        figures = {"experiment": args.experiment, **run_recipe(args.experiment, overrides)}
-        run_dir = Path(figures["run_dir"])
-        # The run's own config.yaml holds its overrides: eval scores with exactly the run's settings.
-        figures["trained"] = evaluate(str(run_dir / "config.yaml"), str(run_dir), [], args.eval_prompts,
-                                      run_dir / "eval")
-        if args.base_eval:
-            figures["base"] = evaluate(str(run_dir / "config.yaml"), "", [], args.eval_prompts, run_dir / "eval-base")
-        if args.vs:
-            from toolbox.bench._recipe_vs_trl import race
+def measure(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
+    """Run the recipe and score it: the trained model, with ``--base-eval`` the base, with ``--curve`` every
+    checkpoint, with ``--vs trl`` TRL's points too."""
+    figures: dict[str, Any] = {"experiment": args.experiment, "overrides": overrides,
+                               **run_recipe(args.experiment, overrides)}
+    run_dir = Path(figures["run_dir"])
 
-            figures["vs_trl"] = race(figures, args.every, lambda config, model, out: evaluate(
-                config, model, [], args.eval_prompts, out))
+    def score(config: str, model: str, out: Path) -> dict[str, float]:
+        return evaluate(config, model, [], args.eval_prompts, out)
+
+    # The run's own config.yaml holds its overrides: eval scores with exactly the run's settings.
+    figures["trained"] = score(str(run_dir / "config.yaml"), str(run_dir), run_dir / "eval")
+    if args.base_eval:
+        figures["base"] = score(str(run_dir / "config.yaml"), "", run_dir / "eval-base")
+    if args.curve:
+        from toolbox.bench._recipe_vs_trl import checkpoint_curve, race
+
+        figures["curve"] = checkpoint_curve(figures, args.every, score)
+        if args.vs:
+            figures["vs_trl"] = race(figures, args.every, score)
+    return figures
+
+
+def report(figures: dict[str, Any], args: argparse.Namespace, argv: list[str]) -> None:
+    """Print the tables; with ``--report``, write them (and the plot of a ``--vs`` run) as a markdown section."""
     tables = [figures_table(figures)]
     if figures.get("at_peak_mib"):
         tables.append(memory_table(figures))
     if "base" in figures:
         tables.append(examples_table(Path(figures["run_dir"])))
     notes = []
+    if "curve" in figures and "vs_trl" not in figures:
+        tables.append(curve_table({"toolbox": figures["curve"]}))
     if "vs_trl" in figures:
-        tables.append(race_table(figures["vs_trl"]))
+        tables.append(curve_table(figures["vs_trl"]["curves"]))
         notes.append(race_headline(figures["vs_trl"]))
         if args.report:
             plot = args.report.with_name(f"{args.report.stem}_{figures['experiment']}_vs_trl.png")
             race_plot(figures, plot)
             notes.append(f"![{figures['experiment']} against TRL]({plot.name})")
     print_tables(tables, [f"run directory: {figures['run_dir']}", *notes])
+    if args.report:
+        # A run with other settings is a section of its own beside the recipe's, not a replacement.
+        given = [o for o in figures.get("overrides", []) if o.split("=", 1)[0] not in CURVE_SETTINGS]
+        heading = f"recipe {figures['experiment']}" + (f" ({' '.join(given)})" if given else "")
+        write_section(args.report, section(heading, tables, notes, command_line("recipe", _without_figures(argv))))
+
+
+def main(argv: list[str]) -> int:
+    args, overrides = parse(argv)
+    args.curve = args.curve or bool(args.vs)
+    if args.curve:  # every point of the curve is a checkpoint to score
+        overrides = [*overrides, f"trainer.save_every={args.every}", "trainer.keep_checkpoints=0"]
+    figures = json.loads(args.figures.read_text()) if args.figures else measure(args, overrides)
+    report(figures, args, argv)
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")
-    if args.report:
-        write_section(args.report, section(f"recipe {figures['experiment']}", tables, notes,
-                                           command_line("recipe", _without_figures(argv))))
     return 0
