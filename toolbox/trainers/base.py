@@ -44,6 +44,7 @@ class BaseTrainer(ABC):
         self.early_stop = MetricWatch(cfg.early_stop, "trainer.early_stop") if cfg.early_stop else None
         self.best = MetricWatch(cfg.keep_best, "trainer.keep_best") if cfg.keep_best else None
         self.best_saved: float | None = None  # the watched value at the current best checkpoint
+        self.retries_before = sum(retry_counts().values())  # the process's retries before this run (toolbox.core.retry)
 
     # ---- the skeleton -------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -74,7 +75,7 @@ class BaseTrainer(ABC):
         metrics = self.train_step(self.step)
         self.step += 1
         metrics["step_time_s"] = time.perf_counter() - t0
-        retries = sum(retry_counts().values())  # the driver's remote calls retried so far (toolbox.core.retry)
+        retries = sum(retry_counts().values()) - self.retries_before  # this run's retried remote calls so far
         if retries:
             metrics["retries"] = float(retries)
         if target is not None:
