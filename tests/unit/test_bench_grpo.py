@@ -89,6 +89,19 @@ def test_toolbox_overrides_validate_into_the_intended_run(small_dir: str) -> Non
     assert cfg.algorithm.tis_cap == 2.0  # type: ignore[attr-defined]  # unset: on, since the batches lag
 
 
+def test_lora_workload_trains_the_same_adapters_on_both_sides(small_dir: str) -> None:
+    from toolbox.bench._grpo_vs_trl import SMOLLM2_LORA, trl_lora
+    from toolbox.config import load_config
+
+    sizes = {**SIZES, "lora": SMOLLM2_LORA, "lr": 5e-4}
+    cfg = load_config(toolbox_overrides(Workload(small_dir, sizes=sizes), BEST_2CPU))
+    lora = cfg.learner.lora
+    assert lora is not None and (lora.r, lora.alpha, lora.target_modules, lora.sync) == (16, 32, "all-linear", "adapter")
+    theirs = trl_lora(sizes)
+    assert (theirs.r, theirs.lora_alpha, theirs.target_modules) == (16, 32, "all-linear")
+    assert trl_lora(SIZES) is None and load_config(toolbox_overrides(Workload(small_dir, sizes=SIZES), [])).learner.lora is None
+
+
 def test_summarize_throughput_and_split() -> None:
     out = summarize([2.0, 2.0], {"generate_s": [1.0, 1.5], "train_s": [0.5, 0.5]}, 8, tokens=1024)
     assert out["completions_per_s"] == 4.0 and out["tokens_per_s"] == 256.0 and out["step_s"] == 2.0

@@ -36,7 +36,9 @@ def table(model: str, result: dict[str, Any], args: Any) -> Table:
     sizes = result.get("sizes", {"prompts": 2, "group": 4, "micro_batch": 8})
     settings = result["toolbox"][0].get("settings", "") if result["toolbox"] else ""
     load = os.getloadavg()
-    title = (f"GRPO vs TRL, model {model}: {sizes['prompts']} prompts x {sizes['group']} samples, {args.new_tokens} "
+    trained = f"LoRA r {sizes['lora']['r']}, lr {sizes['lr']:g}" if sizes.get("lora") else "full fine-tune"
+    title = (f"GRPO vs TRL, model {model} ({trained}): {sizes['prompts']} prompts x {sizes['group']} samples, "
+             f"{args.new_tokens} "
              f"new tokens, micro-batch {sizes.get('micro_batch', '-')}, {args.steps} timed steps after {args.warmup}; "
              f"toolbox: {settings}; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     return Table(title, ["side", "round", *(c for c, _, _ in COLUMNS)], rows(result))
@@ -58,5 +60,6 @@ def report_section(results: dict[str, Any], args: Any, argv: list[str]) -> str:
                  "process tree, and the tree's peak PSS (sampled once a second: TRL's one process; toolbox's "
                  "driver, Ray daemons and actors). How the sides are kept equal: `toolbox/bench/_grpo_vs_trl.py`.")
     # Overrides in the heading: a run with other settings is a section of its own, not a replacement.
-    extra = f" ({' '.join(args.overrides)})" if getattr(args, "overrides", None) else ""
+    given = [*(["--lora"] if getattr(args, "lora", False) else []), *(getattr(args, "overrides", None) or [])]
+    extra = f" ({' '.join(given)})" if given else ""
     return section(f"GRPO against TRL: {', '.join(results)}{extra}", tables, notes, command_line("grpo", argv))

@@ -16,8 +16,9 @@ Fairness, point by point:
   ``stop_at_eos=false``, TRL with ``min_new_tokens = max_completion_length``. Tokens/s counts the tokens
   each side reports it produced (TRL's ``completion_ids``, toolbox's ``response_len``), so a mismatch would
   show there rather than hide.
-- **Optimisation**: fp32, full fine-tune, KL off (``beta=0``), one PPO epoch, AdamW at a constant lr (1e-4 on
-  the random models, 1e-5 on SmolLM2), clip 1.0, temperature 1, top-p 1; the same micro-batch on both sides
+- **Optimisation**: fp32, full fine-tune (SmolLM2 with ``--lora``: the recipe's LoRA adapters at lr 5e-4 on both
+  sides, built from one peft config; toolbox syncs the adapter alone), KL off (``beta=0``), one PPO epoch, AdamW at
+  a constant lr (1e-4 on the random models, 1e-5 on SmolLM2), clip 1.0, temperature 1, top-p 1; the same micro-batch on both sides
   (all 8 rows on the random models, 4 on SmolLM2: TRL accumulates 2 of them per optimizer step).
 - **Timing**: only the training steps after ``--warmup`` untimed ones (model load, Ray start-up and the
   first weight sync excluded): TRL from the end of the last warm-up step to the end of the last step,
@@ -79,9 +80,15 @@ class Workload:
     sizes: dict[str, Any] = field(default_factory=dict)
 
 
-def workload(model: str, root: str, new_tokens: int, model_path: str = "") -> Workload:
+# The grpo_smollm2_arith recipe's adapters and learning rate (`--lora`): a LoRA run on both sides.
+SMOLLM2_LORA = {"r": 16, "alpha": 32, "target_modules": "all-linear"}
+SMOLLM2_LORA_LR = 5e-4
+
+
+def workload(model: str, root: str, new_tokens: int, model_path: str = "", lora: bool = False) -> Workload:
     """The workload of ``model``: a random BPE model built under ``root``, or SmolLM2 (``model_path`` or the
-    catalog's copy) on the chat-templated arithmetic task."""
+    catalog's copy) on the chat-templated arithmetic task, its full weights trained or, with ``lora``, the
+    recipe's adapters."""
     sizes = {"prompts": 2, "group": 4, "new_tokens": new_tokens, "lr": 1e-4, "micro_batch": 8}
     if model != "smollm2":
         from toolbox.bench._bpe_models import build_model
@@ -90,8 +97,9 @@ def workload(model: str, root: str, new_tokens: int, model_path: str = "") -> Wo
     from toolbox.bench import _smollm2
 
     # lr as the smollm2 experiment trains it; micro-batch 4 keeps a 135M model's activations of 4 x ~110 tokens small
+    adapters = {"lora": SMOLLM2_LORA, "lr": SMOLLM2_LORA_LR} if lora else {"lr": 1e-5}
     return Workload(_smollm2.model_dir(model_path), _smollm2.arith_task(), _smollm2.REWARD,
-                    {**sizes, "lr": 1e-5, "micro_batch": 4})
+                    {**sizes, "micro_batch": 4, **adapters})
 
 
 def trl_batching(sizes: dict[str, Any]) -> dict[str, int]:
@@ -101,6 +109,15 @@ def trl_batching(sizes: dict[str, Any]) -> dict[str, int]:
     if rows % micro:
         raise ValueError(f"micro-batch {micro} must divide the {rows} rows of a step")
     return {"per_device_train_batch_size": micro, "gradient_accumulation_steps": rows // micro}
+
+
+def trl_lora(sizes: dict[str, Any]) -> Any:
+    """The workload's adapters as TRL takes them (a peft ``LoraConfig``, as toolbox builds its own), or None."""
+    if not sizes.get("lora"):
+        return None
+    from toolbox.learner.lora import LoraConfig, peft_config
+
+    return peft_config(LoraConfig.model_validate(sizes["lora"]))
 
 
 def toolbox_overrides(work: Workload, settings: list[str]) -> list[str]:
@@ -114,6 +131,7 @@ def toolbox_overrides(work: Workload, settings: list[str]) -> list[str]:
             "algorithm.kl_coef=0.0", f"learner.optim.lr={sizes['lr']}", "learner.optim.scheduler=constant",
             "learner.optim.warmup_steps=0",
             f"learner.micro_batch_size={sizes.get('micro_batch', sizes['prompts'] * sizes['group'])}",
+            *([f"learner.lora={json.dumps({**sizes['lora'], 'sync': 'adapter'})}"] if sizes.get("lora") else []),
             "trainer.seed=0", *settings]
 
 
@@ -229,7 +247,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         from toolbox.bench._grpo_trl import run_trl
 
         torch.set_num_threads(spec["trl_threads"])
-        raw = run_trl(work.model_dir, spec["rows"], work.reward, work.sizes, **trl_batching(work.sizes))
+        raw = run_trl(work.model_dir, spec["rows"], work.reward, work.sizes, peft_config=trl_lora(work.sizes),
+                      **trl_batching(work.sizes))
         return trl_summary(raw, warmup, per_step)
     from toolbox.bench._grpo_run import run_experiment
 
@@ -252,7 +271,7 @@ def compare(args: Any) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-grpo-trl-") as root:
         for model in models:
-            work = workload(model, root, args.new_tokens, getattr(args, "model_path", ""))
+            work = workload(model, root, args.new_tokens, getattr(args, "model_path", ""), getattr(args, "lora", False))
             results[model] = compare_model(model, work, settings, args, args.logs or root)
             print_report(model, results[model], args)
     return results

@@ -51,6 +51,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="Timed steps (default 30; --vs trl: 8).")
     parser.add_argument("--warmup", type=int, default=None, help="Untimed steps first (default 3; --vs trl: 2).")
     parser.add_argument("--new-tokens", type=int, default=64, help="--vs trl: tokens per completion.")
+    parser.add_argument("--lora", action="store_true",
+                        help="--vs trl --model smollm2: train LoRA adapters on both sides (the grpo_smollm2_arith "
+                        "recipe's: r 16 on every linear layer, lr 5e-4; toolbox syncs the adapter alone) instead of "
+                        "the full model")
     parser.add_argument("--trl-threads", type=int, default=2, help="--vs trl: torch threads of TRL's process.")
     parser.add_argument("--logs", default="", help="--vs trl: keep each side's log and result files here.")
     parser.add_argument("--out", default="", help="Also write the results as JSON here.")
