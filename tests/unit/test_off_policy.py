@@ -136,8 +136,9 @@ def make(tmp_path: Path, staleness: int, algo: GRPOConfig = ALGO, steps: int = 3
     log: list[str] = []
     worker = LoggingRollout(log)  # one rollout worker: the log is its queue
     prompts = PromptSource(TASKS.build({"name": "digit_add"}), CharTokenizer(), seed=0)
-    trainer = OnlineTrainer(TrainerConfig(total_steps=steps, save_every=0, log_samples_every=0), EventBus(), algo,
-                            SamplingConfig(), prompts, RolloutGroup(LocalGroup("rollout", [worker])),
+    # no final evaluation: the log holds the loop's own generate calls only
+    cfg = TrainerConfig(total_steps=steps, save_every=0, log_samples_every=0, final_eval=False)
+    trainer = OnlineTrainer(cfg, EventBus(), algo, SamplingConfig(), prompts, RolloutGroup(LocalGroup("rollout", [worker])),
                             RewardGroup(LocalGroup("reward", [FakeReward()])),
                             PolicyLearnerGroup(LocalGroup("learner", [FakeLearner(0)])), tmp_path,
                             dynamic=algo, max_staleness=staleness, steps_per_generation=per_generation)
