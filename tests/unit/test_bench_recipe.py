@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 from toolbox.bench import recipe
 
@@ -76,19 +77,26 @@ def test_race_plot_and_table(tmp_path: Path) -> None:
 
 
 def test_memory_at_the_peak_names_each_process() -> None:
-    from toolbox.bench._memory import PeakTreeMemory
+    import subprocess
+    import sys
+
+    import psutil
+
+    from toolbox.bench._memory import PeakTreeMemory, _label
 
     with PeakTreeMemory(period_s=0.05) as memory:
-        pass
+        subprocess.run([sys.executable, "-m", "json.tool", "--help"], capture_output=True, check=True)
     assert memory.at_peak and abs(sum(mib for _, mib in memory.at_peak) - memory.peak_mib) < 1e-6
-    assert any(label.endswith("-m pytest") for label, _ in memory.at_peak)
+    assert _label(psutil.Process()) in [label for label, _ in memory.at_peak]  # this process, as it was started
+    fake = SimpleNamespace(cmdline=lambda: ["/venv/bin/python", "-m", "toolbox.run", "experiment=x"], name=lambda: "py")
+    assert _label(fake) == "python -m toolbox.run"  # type: ignore[arg-type]
+    ray = SimpleNamespace(cmdline=lambda: ["ray::RolloutWorker.generate"], name=lambda: "ray::Rollout")
+    assert _label(ray) == "ray::RolloutWorker.generate"  # type: ignore[arg-type]
     table = recipe.memory_table({"at_peak_mib": [["ray::RolloutWorker", 800]]})
     assert table.rows == [["ray::RolloutWorker", "800"]]
 
 
 def test_a_run_with_other_settings_reports_as_a_section_of_its_own(tmp_path: Path) -> None:
-    from types import SimpleNamespace
-
     figures = {"experiment": "x", "wall_s": 10.0, "peak_pss_gib": 1.0, "run_dir": str(tmp_path),
                "overrides": ["learner.lora=null", "trainer.save_every=10", "trainer.keep_checkpoints=0"],
                "trained": {"pass@1": 0.5, "prompts": 8},

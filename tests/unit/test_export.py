@@ -148,5 +148,5 @@ def test_offline_loop_exports_at_the_end(tmp_path: Path) -> None:
 
     log: list[str] = []
     learner = OfflineLearnerGroup(LocalGroup("learner", [OfflineFake(0, log)]))
-    OfflineTrainer(TrainerConfig(total_steps=1, export=True), EventBus(), learner, tmp_path).fit()
+    OfflineTrainer(TrainerConfig(total_steps=1, export=True, final_eval=False), EventBus(), learner, tmp_path).fit()
     assert log == ["save 0", f"export_hf 0 {tmp_path / 'hf'}"]

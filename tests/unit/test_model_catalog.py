@@ -202,7 +202,7 @@ def test_import_gguf_says_what_to_install_when_gguf_is_missing(tmp_path: Path, m
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "gguf" else real_find_spec(name))
-    with pytest.raises(gguf.GGUFImportError, match=r"needs the package\(s\) gguf, .*pip install 'toolbox\[gguf\]'"):
+    with pytest.raises(gguf.GGUFImportError, match=r"needs the 'gguf' extra: pip install 'toolbox\[gguf\]'"):
         gguf.import_gguf(fake_gguf(tmp_path / "m.gguf"), tmp_path / "out")
     with pytest.raises(gguf.GGUFImportError, match=r"m\.gguf: already exists"):
         gguf.import_gguf(tmp_path / "m.gguf", tmp_path / "m.gguf")
