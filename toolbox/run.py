@@ -22,6 +22,7 @@ from rich.markup import escape
 from toolbox.callbacks.console import stderr_console
 from toolbox.callbacks.files import CurvePlot, wait_for_plots
 from toolbox.core.errors import ConfigError, WorkerError
+from toolbox.core.memory import RunMemory
 from toolbox.local_ray import EarlyRay, early_start_wanted
 from toolbox.local_ray import shutdown as shutdown_ray
 from toolbox.startup import StartupClock
@@ -117,12 +118,15 @@ def run(cfg, console: Console, clock: StartupClock | None = None,  # noqa: ANN00
         warming.join()
         builder.mark("ray_init")
     CurvePlot.background = True  # the dashboard is drawn while Ray shuts down (`wait_for_plots` below)
+    # A local instance's daemons and workers are this process's descendants: its peak counts them all.
+    memory = RunMemory(whole_run=started_ray and str(ray_init_kwargs(cfg)["address"]) == "local").start()
     try:
         trainer = builder.build_trainer()
         summary = trainer.fit()
         console.print(f"results: {builder.run_dir}  (total wall time incl. start-up: {time.perf_counter() - started:.0f}s)")
         if clock is not None and clock.done:
             console.print(f"start-up: {clock.summary()}")
+        console.print(f"memory: {memory.finish(builder.run_dir)}")
         return 0 if summary else 1
     except ConfigError as err:  # what only the cluster tells (e.g. a local run_root on several nodes)
         console.print(f"[bold red]config error[/]: {escape(str(err))}")
@@ -134,6 +138,7 @@ def run(cfg, console: Console, clock: StartupClock | None = None,  # noqa: ANN00
     except KeyboardInterrupt:
         return stop.report(console, builder.run_dir)
     finally:
+        memory.stop()
         if started_ray:
             shutdown_ray()
         if early is not None:

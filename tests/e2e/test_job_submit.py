@@ -89,3 +89,5 @@ def test_ray_job_submit_runs_the_experiment(ray_head: tuple[dict[str, str], str]
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if s["event"] == "step_end"] == [1, 2, 3]
     assert (run_dir / "config.yaml").exists()
+    # The driver runs on a cluster it did not start: the peak it reports is its own and says so.
+    assert json.loads((run_dir / "memory.json").read_text())["whole_run"] is False

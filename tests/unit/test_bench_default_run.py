@@ -26,7 +26,8 @@ def test_figures_and_the_ratio_of_launch_to_exit_times() -> None:
     assert fast["to_step_1_s"] == 10.0 and fast["train_after_step_1_s"] == 2.0 and fast["s_per_step"] == 1.0
     assert (fast["reward_first_10pct"], fast["reward_last_10pct"]) == (0.0, 1.0)
     slow = figures("trl", 0.0, 45.0, [5.0, 6.0], [0.5, 0.5])
-    lines = report([fast, slow])
+    lines = report([{**fast, "peak_pss_mib": 1400.0}, {**slow, "peak_pss_mib": 900.0}])
     assert lines[-1].startswith("ratio 1.50")
+    assert "peak_pss_mib 1400.000" in lines[-3] and "peak_pss_mib 900.000" in lines[-2]
     with pytest.raises(RuntimeError, match="the trl side ended 1 steps"):
         figures("trl", 0.0, 1.0, [0.5], [0.0])

@@ -82,7 +82,7 @@ def test_memory_at_the_peak_names_each_process() -> None:
 
     import psutil
 
-    from toolbox.bench._memory import PeakTreeMemory, _label
+    from toolbox.core.memory import PeakTreeMemory, _label
 
     with PeakTreeMemory(period_s=0.05) as memory:
         subprocess.run([sys.executable, "-m", "json.tool", "--help"], capture_output=True, check=True)

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolbox.bench._memory import PeakTreeMemory
+from toolbox.core.memory import PeakTreeMemory
 from toolbox.startup import tree_cpu_s
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from toolbox.bench._memory import PeakTreeMemory
+from toolbox.core.memory import PeakTreeMemory
 from toolbox.startup import tree_cpu_s
 
 

@@ -24,7 +24,7 @@ Fairness, point by point:
   first weight sync excluded): TRL from the end of the last warm-up step to the end of the last step,
   toolbox the sum of its ``step_time_s``. Toolbox's start-up is reported separately.
 - **Memory**: the peak PSS of each side's whole process tree (TRL's one process; toolbox's driver, Ray
-  daemons and actors), sampled once a second (`toolbox.bench._memory`).
+  daemons and actors), sampled once a second (`toolbox.core.memory`).
 - **CPU**: the CPU seconds (user + system) of each side's process tree over the timed steps, and
   completions per CPU second: on a shared, loaded machine the steadier figure (it counts the work done,
   not the waiting for cores; it also leaves out a side's own idle waits, which wall time charges).

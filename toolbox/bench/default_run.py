@@ -17,7 +17,9 @@ building the tiny model; for toolbox also Ray and its actors) and its own steps:
   AdamW with the experiment's lr, schedule, warm-up, weight decay and gradient clip; no checkpoints, no logging.
 
 Printed per run: launch -> end of step 1, launch -> exit, the training time after step 1 and its seconds per step,
-the mean reward of the first and last 10% of steps; then the medians and ``ratio X.XX``: TRL's median
+the mean reward of the first and last 10% of steps, the peak memory of all the side's processes together (PSS, so
+a page shared by several processes counts once: toolbox's ``RUN_DIR/memory.json`` over the driver, Ray's daemons
+and the actors; TRL's one process, sampled the same way, `toolbox.core.memory`); then the medians and ``ratio X.XX``: TRL's median
 launch-to-exit time over toolbox's (above 1: toolbox finishes first). The sides alternate, who goes first flips
 each round. Evaluation is off on both sides (TRL's run has none to match).
 """
@@ -89,14 +91,15 @@ def trl_child(spec: dict[str, Any]) -> dict[str, Any]:
         model_dir = str(ensure_tiny_model(Path(root) / "tiny", TinyModelConfig(**spec["tiny"]), alphabet))
         rows = prompt_rows(model_dir, spec["sizes"], spec["steps"], task=spec["task"], seed=spec["seed"])
         raw = run_trl(model_dir, rows, spec["reward"], spec["sizes"], **spec["settings"])
-    return {"step_ends": raw["wall_ends"], "rewards": raw["rewards"]}
+    return {"step_ends": raw["wall_ends"], "rewards": raw["rewards"], "peak_pss_mib": raw["peak_pss_mib"]}
 
 
 def run_trl_side(spec: dict[str, Any], log_dir: Path, name: str) -> dict[str, Any]:
     """Launch `trl_child` as ``python -m toolbox.bench.default_run SPEC OUT`` and time it from outside."""
     launched = time.time()
     got = run_child("toolbox.bench.default_run", spec, log_dir, name, "bench default_run: the TRL side")
-    return figures("trl", launched, time.time() - launched, got["step_ends"], got["rewards"])
+    return {**figures("trl", launched, time.time() - launched, got["step_ends"], got["rewards"]),
+            "peak_pss_mib": got["peak_pss_mib"]}
 
 
 def run_toolbox_side(overrides: list[str], steps: int, run_root: Path, name: str) -> dict[str, Any]:
@@ -106,7 +109,8 @@ def run_toolbox_side(overrides: list[str], steps: int, run_root: Path, name: str
     steps_done = [r for r in records if r.get("event") == "step_end"]
     launched = steps_done[0]["time"] - run["to_step_1_s"]
     return {**figures("toolbox", launched, run["to_exit_s"], [r["time"] for r in steps_done],
-                      [r["metrics"]["reward"] for r in steps_done]), "tree_cpu_to_step_1_s": run["tree_cpu_s"]}
+                      [r["metrics"]["reward"] for r in steps_done]), "tree_cpu_to_step_1_s": run["tree_cpu_s"],
+            "peak_pss_mib": json.loads((run_root / name / "memory.json").read_text())["peak_pss_mib"]}
 
 
 def figures(side: str, launched: float, exited: float, ends: list[float], rewards: list[float]) -> dict[str, Any]:
@@ -123,7 +127,7 @@ def figures(side: str, launched: float, exited: float, ends: list[float], reward
 def report(runs: list[dict[str, Any]]) -> list[str]:
     """A table of the runs, the medians per side and, with both sides, ``ratio X.XX``."""
     keys = ["to_step_1_s", "to_exit_s", "train_after_step_1_s", "s_per_step", "reward_first_10pct",
-            "reward_last_10pct"]
+            "reward_last_10pct", "peak_pss_mib"]
     lines = ["| side | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     lines += [f"| {r['side']} | " + " | ".join(f"{r[k]:.3f}" if k.startswith(("s_", "reward")) else f"{r[k]:.1f}"
                                                for k in keys) + " |" for r in runs]

@@ -2,7 +2,7 @@
 
 Runs ``toolbox run experiment=EXPERIMENT`` as a child process and reports what a user of the recipe asks first:
 the wall time from launch to exit (training, periodic evaluation and export included), the peak memory of all
-its processes together (driver, Ray's daemons, actors: PSS, so a shared page counts once; `toolbox.bench._memory`),
+its processes together (driver, Ray's daemons, actors: PSS, so a shared page counts once; `toolbox.core.memory`),
 and the run directory. Then ``toolbox eval`` scores the exported model (``RUN_DIR/hf``) and, with ``--base-eval``,
 the untrained base with the same prompts, sampling and reward, and the table puts them side by side.
 
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from toolbox.bench._memory import PeakTreeMemory
+from toolbox.core.memory import PeakTreeMemory
 from toolbox.bench._report import Table as ReportTable
 from toolbox.bench._report import command_line, print_tables, section, write_section
 
