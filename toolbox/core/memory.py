@@ -5,6 +5,11 @@ processes it starts, all descendants of the driver. Summing RSS over processes w
 library page (libtorch) once per process, so the sampler sums PSS (proportional set size: a page shared
 by n processes counts 1/n in each), read by psutil from ``/proc/PID/smaps_rollup``. It polls from a
 daemon thread; a short peak between two samples can be missed (the period is stated with the figure).
+Reading ``smaps_rollup`` walks a process's page tables: about 11 ms for a worker that maps torch (measured
+with cProfile on a default run's driver), so a tree of 12 processes read every second would cost the poller
+an eighth of a core. Each poll therefore reads the cheap RSS (``/proc/PID/statm``) of every process and reads
+PSS only when the tree's summed RSS is 1% above its highest so far: the PSS peak rides on the RSS peak, since
+the shared pages PSS divides stay mapped for a process's life.
 CPU time (user + system, all threads) of the tree (`toolbox.startup.tree_cpu_s`) is the load-robust twin of wall time on a shared machine:
 it counts the work done, not the waiting for cores other jobs hold (nor a side's own idle waits).
 """
@@ -70,23 +75,29 @@ def tree_pss_by_process(root: psutil.Process) -> list[tuple[str, float]]:
 
 class PeakTreeMemory:
     """``with PeakTreeMemory() as mem: ...`` then ``mem.peak_mib``: the largest `tree_pss_mib` of this process's
-    tree seen, polling every ``period_s`` seconds (and once at the start and the end); ``mem.at_peak`` holds
+    tree seen, polling every ``period_s`` seconds (and once at the start and the end; PSS read at each new high of
+    the summed RSS, as the module says); ``mem.at_peak`` holds
     each process's share at that moment (`tree_pss_by_process`), which says where the memory goes."""
 
     def __init__(self, period_s: float = 1.0) -> None:
         self.period_s = period_s
         self.peak_mib = 0.0
         self.at_peak: list[tuple[str, float]] = []
+        self._rss_high = 0.0  # the tree's summed RSS when PSS was last read
         self._root = psutil.Process()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="peak-tree-memory", daemon=True)
 
-    def sample(self) -> float:
+    def sample(self) -> None:
+        """PSS of the tree, where its summed RSS reached a new high (1% over the last one read)."""
+        rss = _sum_over_tree(self._root, lambda p: p.memory_info().rss)
+        if rss <= self._rss_high * 1.01:
+            return
+        self._rss_high = rss
         rows = tree_pss_by_process(self._root)
         now = sum(mib for _, mib in rows)
         if now > self.peak_mib:
             self.peak_mib, self.at_peak = now, rows
-        return now
 
     def _poll(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -109,7 +120,7 @@ class RunMemory:
 
     ``whole_run``: the driver started a local Ray instance, so its tree holds every process of the run (Ray's
     daemons and every actor) and the peak is the run's; otherwise (a cluster) it is the driver's alone, and the
-    line says so. Sampling once a second costs the driver about a millisecond per process each time."""
+    line says so. Polling once a second costs the driver well under a millisecond per process each time (RSS; PSS at new highs)."""
 
     def __init__(self, whole_run: bool, period_s: float = 1.0) -> None:
         self.whole_run = whole_run
