@@ -33,7 +33,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from toolbox.core.errors import WorkerError
-from toolbox.core.pending import Pending, T, deadlines
+from toolbox.core.pending import Kept, Pending, T, deadlines
 
 Args = tuple[Any, ...]
 
@@ -261,6 +261,12 @@ class WorkerGroup:
              timeout_s: float | None = None) -> list[Any]:
         return self.submit(method, args_list, ranks, timeout_s).result()
 
+    def hold(self, kept: Kept[T]) -> Pending[T]:
+        """Results kept by value (`Pending.keep`), put in the object store: later calls take them as they take the
+        refs of this group's own calls."""
+        refs = [ray.put(v) for v in kept.values]
+        return Pending(refs, kept.ranks, kept.method, self.role, self.nodes, self.timeout_s, RAY_WAITER, kept.bulk)
+
     def restarts(self) -> int:
         """Restarts so far: of one worker by Ray (restarted ranks' nodes are refreshed), of all by `replace_all`."""
         if self.supervisor is None:
@@ -328,6 +334,11 @@ class LocalGroup:
     def call(self, method: str, args_list: Sequence[Args] | None = None, ranks: Sequence[int] | None = None,
              timeout_s: float | None = None) -> list[Any]:
         return self.submit(method, args_list, ranks).result()
+
+    def hold(self, kept: Kept[T]) -> Pending[T]:
+        """Results kept by value (`Pending.keep`): in-process handles are the values themselves."""
+        return Pending(list(kept.values), kept.ranks, kept.method, self.role, ["local"] * len(self.workers), 0.0,
+                       LOCAL_WAITER, kept.bulk)
 
     def restarts(self) -> int:
         return 0  # in-process workers are never restarted

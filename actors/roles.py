@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from toolbox.core.pending import Pending
+from toolbox.core.pending import Kept, Pending, T
 from toolbox.engines.base import SamplingConfig
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import PromptRequest, RolloutBatch
@@ -60,6 +60,10 @@ class RoleGroup:
                         "start fresh, so the resumed run is not bit-exact", self.group.role, len(states), len(self))
             return
         self.group.submit("set_state", [(s,) for s in states]).result()
+
+    def hold(self, kept: Kept[T]) -> Pending[T]:
+        """Results of this role's calls kept by value (a checkpoint's batches in flight), handed back as a pending."""
+        return self.group.hold(kept)
 
     def restarts(self) -> int:
         """How many times a worker of this role died and was restarted (self-healing groups; 0 otherwise)."""

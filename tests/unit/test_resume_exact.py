@@ -24,6 +24,8 @@ LOCAL = ["ray.local_mode=true", "learner.strategy=single", "learner.num_workers=
 CASES = {
     "grpo": ["experiment=grpo_tiny_fsdp2", "algorithm.prompts_per_step=4", "algorithm.group_size=4",
              "rollout.num_workers=2", "reward.num_workers=2", "learner.micro_batch_size=8"],
+    # The default recipe: blocks of 2 steps sampled up to 3 ahead, so the checkpoint of step K holds batches in flight.
+    "grpo_ahead": ["experiment=grpo_tiny"],
     "ppo": ["experiment=ppo_tiny", "algorithm.prompts_per_step=8", "rollout.num_workers=2", "learner.micro_batch_size=8"],
     "dpo": ["experiment=dpo_tiny", "algorithm.batch_size=8"],
     "sft": ["experiment=sft_tiny", "algorithm.batch_size=8"],

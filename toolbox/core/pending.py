@@ -67,6 +67,21 @@ class Pending(Generic[T]):
             wait(self)
         return self.waiter.fetch(self)
 
+    def keep(self) -> Kept[T]:
+        """Their results (fetched, bulk ones too), to hand to later calls after the workers are gone (a checkpoint
+        keeps the batches sampled ahead): a group's ``hold`` makes them a `Pending` again."""
+        return Kept(self.result(), list(self.ranks), self.method, self.bulk)
+
+
+@dataclass
+class Kept(Generic[T]):
+    """Results of finished calls held by value (`Pending.keep`): picklable, so a checkpoint can store them."""
+
+    values: list[T]
+    ranks: list[int]
+    method: str
+    bulk: bool
+
 
 def deadlines(pendings: Sequence[Pending[Any]]) -> list[float]:
     """When each pending must be done: a stage may start only when the stages before it (in the order given)

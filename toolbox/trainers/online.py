@@ -10,7 +10,9 @@ before its update and weight sync. A rollout worker runs the driver's calls one 
 (a synchronous Ray actor), so those rounds sample with the weights it holds then and step t's sync lands after
 them: a step's batch lags the learner by k policy versions at most. The learner trains on step t meanwhile; the
 loss corrects with truncated importance sampling (``algorithm.tis_cap``) from the behaviour log-probs the engine
-recorded. Batches in flight are not checkpointed: a resumed run samples them again (docs/architecture.md, Overlap).
+recorded. A checkpoint keeps the rounds sampled ahead (their batches and rewards, by value, with the policy version
+that sampled them): they came from weights older than the checkpoint's, which no resumed run could sample again, so a
+resumed run trains on them as the uninterrupted run does and repeats its numbers bit for bit.
 
 Blocks (``rollout.steps_per_generation = g > 1``): steps are taken in aligned blocks ``[b*g, (b+1)*g)``, and a
 block's first rounds are sampled by one engine call per worker (a decode batch g times larger: on CPU, and on a GPU
@@ -25,6 +27,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -114,12 +117,12 @@ class OnlineTrainer(BaseTrainer):
         self.version = 0  # the policy version (learner steps done) the rollout workers hold for the next sample
 
     def prepare(self) -> int:
-        """Resume (or start), then sync the engines: rounds still in flight from before are dropped and sampled
-        again (a restarted learner group comes back through here)."""
-        start = self.resume(self.learner.load)
+        """Resume (or start), then sync the engines: calls still in flight from before are dropped, and the rounds
+        the checkpoint kept come back (a restarted learner group comes back through here)."""
         self.ahead.clear()
         self.submitted.clear()
         self.loads.clear()
+        start = self.resume(self.learner.load)
         wait(*self.sync_weights())
         self.version = start
         return start
@@ -279,6 +282,21 @@ class OnlineTrainer(BaseTrainer):
     def stateful_roles(self) -> dict[str, StatefulRole]:
         """Rollout sampling and reward RNG streams; prompts follow from (seed, step) and need no state."""
         return {"rollout": self.rollout, "reward": self.reward}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The roles' states and the first rounds sampled ahead (``ahead``: batches and rewards fetched by value).
+        A checkpoint is written between steps, with no next step's calls submitted (`_submits_next`), so those
+        rounds are all that is in flight; the workers' RNG states, read after them, follow them."""
+        ahead = {step: {"batches": rd.batches.keep(), "rewards": rd.rewards.keep(), "shards": rd.shards,
+                        "version": rd.version} for step, rd in self.ahead.items()}
+        return {**super().state_dict(), "ahead": ahead}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The roles' states, and the rounds sampled ahead handed back to the workers' groups for later calls."""
+        super().load_state_dict(state)
+        for step, saved in state.get("ahead", {}).items():
+            self.ahead[step] = Round(self.rollout.hold(saved["batches"]), self.reward.hold(saved["rewards"]),
+                                     saved["shards"], saved["version"])
 
     def profile_target(self) -> tuple[CheckpointRole, Path]:
         return self.learner, self.run_dir

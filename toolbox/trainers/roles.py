@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from toolbox.core.pending import Pending
+from toolbox.core.pending import Kept, Pending, T
 from toolbox.engines.base import SamplingConfig
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import PromptRequest, RolloutBatch
@@ -39,6 +39,11 @@ class StatefulRole(Role, Protocol):
 
     def load_states(self, states: list[Any]) -> None:
         """Give worker ``i`` ``states[i]`` back; a different worker count cannot be restored (it says so)."""
+        ...
+
+    def hold(self, kept: Kept[T]) -> Pending[T]:
+        """Results of this role's calls kept by value (`Pending.keep`: a checkpoint's batches sampled ahead), as a
+        pending that later calls take like one of the role's own."""
         ...
 
 
