@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from toolbox.config.algorithm import PAIR_ROWS
 from toolbox.config.schema import ExperimentConfig
 
 PROMPT_TOKENS = 256  # assumed prompt length of online algorithms (the prompts are not read in a dry run)
@@ -202,42 +203,25 @@ def _role_detail(cfg: ExperimentConfig, role: str) -> str:
 
 
 def batch_rows(cfg: ExperimentConfig) -> list[tuple[str, str]]:
-    """The batch arithmetic of one training step, from the pieces the algorithm's config is made of."""
-    from toolbox.algorithms.pieces import GroupSampling, PolicyEpochs
-    from toolbox.algorithms.ppo_env.config import PPOEnvConfig
-    from toolbox.data.offline import OfflineDataConfig
-
-    algo, ranks, micro = cfg.algorithm, cfg.learner.num_workers, cfg.learner.micro_batch_size
-    rows: list[tuple[str, str]] = []
-    if isinstance(algo, GroupSampling):
-        total, unit = algo.rollouts_per_step, "rollouts"
-        minis = algo.mini_batches if isinstance(algo, PolicyEpochs) else 1
-        epochs = algo.ppo_epochs if isinstance(algo, PolicyEpochs) else 1
-        workers = cfg.rollout.num_workers
-        rows += [("rollouts per step", f"{algo.prompts_per_step} prompts x {algo.group_size} samples = {total}"),
-                 ("per rollout worker", f"~{-(-algo.prompts_per_step // workers)} prompt groups "
-                                        f"(whole groups over {workers} workers)")]
-        if hasattr(algo, "beta"):  # online DPO learns from one (best, worst) pair per group
-            total, unit = algo.prompts_per_step, "pairs"
-            rows.append(("preference pairs per step", f"one per group = {total}"))
-    elif isinstance(algo, OfflineDataConfig):
-        total, minis, epochs, unit = algo.batch_size, 1, 1, "records"
-        rows.append(("records per step", f"algorithm.batch_size = {total}"))
-    elif isinstance(algo, PPOEnvConfig):
-        env = cfg.env
-        steps, minis, epochs = env.num_workers * env.num_envs * algo.steps_per_env, algo.minibatches, algo.epochs
-        rows.append(("env steps per step", f"{env.num_workers} runners x {env.num_envs} envs x {algo.steps_per_env} = {steps}"))
-        rows += [("per learner rank", f"{steps // ranks} env steps"),
-                 ("optimizer steps per step", f"{epochs} epochs x {minis} minibatches = {epochs * minis}")]
-        return rows
-    else:
-        return [("batch arithmetic", f"algorithm {algo.name!r} composes no known batch piece")]
-    per_rank = total // ranks
+    """The batch arithmetic of one training step, as the algorithm describes its batch (`AlgorithmConfig.batch`)."""
+    shape, ranks, micro = cfg.algorithm.batch(cfg), cfg.learner.num_workers, cfg.learner.micro_batch_size
+    if shape is None:
+        return [("batch arithmetic", f"algorithm {cfg.algorithm.name!r} does not describe its batch "
+                                     "(AlgorithmConfig.batch)")]
+    rows = list(shape.how)
+    if shape.rows_per_example == PAIR_ROWS:
+        rows.append(("model rows per example", f"{PAIR_ROWS} (a pair: chosen and rejected)"))
+    elif shape.rows_per_example > 1:
+        rows.append(("model rows per example", str(shape.rows_per_example)))
+    unit, minis, epochs = shape.unit, shape.mini_batches, shape.epochs
+    per_rank = shape.examples // ranks
     per_mini = per_rank // minis
-    rows += [("per learner rank", f"{total} / {ranks} ranks = {per_rank} {unit}"),
-             ("per optimizer step and rank", f"{per_rank} / {minis} mini-batches = {per_mini} {unit}"),
-             ("micro-batches (grad. accumulation)", f"{per_mini} / micro_batch_size {micro} = {max(1, per_mini // micro)}"),
-             ("optimizer steps per step", f"{epochs} epochs x {minis} mini-batches = {epochs * minis}")]
+    rows.append(("per learner rank", f"{shape.examples} / {ranks} ranks = {per_rank} {unit}"))
+    if shape.micro_batched:
+        rows += [("per optimizer step and rank", f"{per_rank} / {minis} mini-batches = {per_mini} {unit}"),
+                 ("micro-batches (grad. accumulation)",
+                  f"{per_mini} / micro_batch_size {micro} = {max(1, per_mini // micro)}")]
+    rows.append(("optimizer steps per step", f"{epochs} epochs x {minis} mini-batches = {epochs * minis}"))
     return rows
 
 
@@ -260,7 +244,7 @@ def memory_lines(cfg: ExperimentConfig, shape: ModelShape) -> list[MemoryLine]:
     device = rank_device(cfg)
     state_at = "host (offload)" if offload else device
     shard = f" / {world} ranks" if world > 1 else ""
-    algo = cfg.algorithm
+    models = cfg.algorithm.models()
     trained = shape.lora_params or shape.params  # LoRA: only the adapters have gradients and AdamW state
     adapters = " adapter" if shape.lora_params else ""
     lines = [
@@ -273,12 +257,12 @@ def memory_lines(cfg: ExperimentConfig, shape: ModelShape) -> list[MemoryLine]:
         lines.append(MemoryLine("gathered blocks (FSDP2)", 2 * shape.block_params * compute_b, device,
                                 f"2 blocks (current + prefetch) x {shape.block_params:,} x {compute_b} B"))
         lines.append(root_group_line(shape, compute_b, bf16, device))
-    if (getattr(algo, "kl_coef", 0) > 0 or hasattr(algo, "beta")) and lc.lora is None:  # a KL term, or DPO's
+    if models.reference and lc.lora is None:  # LoRA's reference is the base model itself, adapters off
         # On a GPU an fsdp2 reference lives in host memory (CPU offload) and gathers one block at a time.
         ref_at = "host (offload)" if offload or (lc.strategy == "fsdp2" and device == "cuda") else device
         lines.append(MemoryLine("frozen reference", shape.params * param_b / world, ref_at,
                                 f"{shape.params:,} x {param_b} B{shard} (no gradients)"))
-    if hasattr(algo, "critic_lr"):  # PPO trains a critic of the policy's body beside it
+    if models.critic:  # a critic of the policy's body, trained beside it
         body = shape.params - shape.output_params
         lines.append(MemoryLine("critic (params, grads, AdamW)", (2 + ADAM_STATES) * body * param_b / world, state_at,
                                 f"{2 + ADAM_STATES} x {body:,} x {param_b} B{shard}"))
@@ -302,10 +286,11 @@ def rank_device(cfg: ExperimentConfig) -> str:
 
 
 def sequence_length(cfg: ExperimentConfig, shape: ModelShape) -> tuple[int, str]:
-    """The token length of one learner row: offline ``max_length``, or prompt + ``max_new_tokens`` online."""
-    length = getattr(cfg.algorithm, "max_length", None)
-    if isinstance(length, int):
-        return length, f"max_length {length}"
+    """The token length of one learner row: the batch's fixed ``max_length`` (offline), or prompt +
+    ``max_new_tokens`` (online)."""
+    batch = cfg.algorithm.batch(cfg)
+    if batch is not None and batch.max_length is not None:
+        return batch.max_length, f"max_length {batch.max_length}"
     new = cfg.rollout.sampling.max_new_tokens
     total = PROMPT_TOKENS + new
     if shape.max_positions and total > shape.max_positions:
@@ -317,7 +302,9 @@ def activation_line(cfg: ExperimentConfig, shape: ModelShape, act_b: int) -> Mem
     """Activations of one micro-batch kept for backward (`block_activation_bytes` per token and block), plus the
     fp32 logits and their log-softmax."""
     seq, why = sequence_length(cfg, shape)
-    rows = cfg.learner.micro_batch_size * (2 if hasattr(cfg.algorithm, "beta") else 1)  # DPO: chosen + rejected
+    batch = cfg.algorithm.batch(cfg)
+    fixed = batch is not None and batch.max_length is not None
+    rows = cfg.learner.micro_batch_size * (batch.rows_per_example if batch is not None else 1)  # a pair: 2 rows
     tokens = seq * rows
     per_block = tokens * block_activation_bytes(shape, seq, act_b)
     if getattr(cfg.learner, "activation_checkpointing", False):
@@ -326,7 +313,7 @@ def activation_line(cfg: ExperimentConfig, shape: ModelShape, act_b: int) -> Mem
         blocks, how = shape.layers * per_block, f"{shape.layers} blocks"
     # fp32 logits and their log-softmax, and at the backward peak the gradients of both; online learners take the
     # logits of the response positions only (`response_logprobs`' logits_to_keep).
-    scored = seq if isinstance(getattr(cfg.algorithm, "max_length", None), int) else cfg.rollout.sampling.max_new_tokens + 1
+    scored = seq if fixed else cfg.rollout.sampling.max_new_tokens + 1
     logits = 4 * rows * scored * shape.vocab * 4
     return MemoryLine("activations (one micro-batch)", blocks + logits, rank_device(cfg),
                       f"{rows} rows x {seq} tokens ({why}), {how} ({shape.attention} attention), "
@@ -396,9 +383,7 @@ def _table(title: str, columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]
 
 def memory_table(cfg: ExperimentConfig) -> Any:
     """The memory estimate of one learner rank as a table (or a line saying why there is none)."""
-    from toolbox.algorithms.ppo_env.config import PPOEnvConfig
-
-    if isinstance(cfg.algorithm, PPOEnvConfig):
+    if cfg.algorithm.models().policy == "mlp":
         return "memory per learner rank: an MLP policy (algorithm.policy.hidden_sizes); negligible, not estimated"
     shape = model_shape(cfg)
     lc = cfg.learner

@@ -62,11 +62,12 @@ def export_checkpoint(target: str | Path | ExportSource, out: str | Path) -> Pat
 
     source = target if isinstance(target, ExportSource) else find_source(target)
     cfg = load_config([f"experiment={source.run_dir / 'config.yaml'}"])
-    if "env" in cfg.algorithm.roles:
-        raise ConfigError(f"{source.run_dir}: algorithm {cfg.algorithm.name!r} trains an environment policy, not a "
+    algo = cfg.algorithm
+    if algo.models().policy == "mlp":
+        raise ConfigError(f"{source.run_dir}: algorithm {algo.name!r} trains an environment policy, not a "
                           "causal LM; there is no Hugging Face model to export")
     base = resolve_model_path(cfg, source.run_dir.parent)  # where the run itself resolved it (run_root)
-    load = getattr(type(cfg.algorithm), "load_model", None)  # a run that trains another head (rm) names its loader
+    load = algo.models().load  # a policy that is not a plain causal LM (rm: a score head) names its loader
     model = load(base, cfg.model.dtype) if load else base_model(base, cfg.model.dtype, cfg.model.trust_remote_code)
     lora = cfg.learner.lora
     if lora is not None:  # the checkpoint holds the adapter model: load it as one, write adapter (+ merged)

@@ -148,3 +148,12 @@ def test_engine_line_holds_weights_and_kv_cache_at_its_utilization() -> None:
                              "rollout.placement=colocate", "rollout.engine.enable_sleep_mode=true",
                              "rollout.engine.gpu_memory_utilization=0.9"])
     assert "generating: the engine's 72.0 GiB beside the learner's" in " ".join(gpu_plan(colocated, shape).problems)
+
+
+@pytest.mark.parametrize("experiment", ["rm_tiny", "dpo_tiny"])
+def test_a_pair_algorithm_counts_both_rows_of_each_pair(experiment: str) -> None:
+    """A micro-batch of m pairs is one forward of 2m rows (chosen, then rejected), reward model as DPO."""
+    cfg = load_config([f"experiment={experiment}", "learner.micro_batch_size=4"])
+    line = dry_run.activation_line(cfg, dry_run.model_shape(cfg), 4)
+    assert line.how.startswith("8 rows x ")
+    assert dict(dry_run.batch_rows(cfg))["model rows per example"] == "2 (a pair: chosen and rejected)"

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
+from toolbox.config.algorithm import PAIR_ROWS, BatchShape
 from toolbox.core.errors import ConfigError
 from toolbox.core.registry import Spec
+from toolbox.data.offline import OfflineDataConfig
 from toolbox.objectives.kl import KLKind
 from toolbox.objectives.registry import (
     POLICY_LOSSES,
@@ -148,3 +150,20 @@ def check_rollout_batch(exp: ExperimentConfig, a: GroupSampling, mini_batches: i
             f"algorithm.mini_batches={mini_batches} mini-batches of learner.micro_batch_size={lr.micro_batch_size}; "
             f"{per_rank} must be a multiple of {mini_batches * lr.micro_batch_size}"
         )
+
+
+def rollout_batch(exp: ExperimentConfig, a: GroupSampling, epochs: int = 1, mini_batches: int = 1) -> BatchShape:
+    """The batch of an online policy step: ``prompts_per_step x group_size`` rollouts, sampled by whole groups."""
+    workers = exp.rollout.num_workers
+    how = (("rollouts per step", f"{a.prompts_per_step} prompts x {a.group_size} samples = {a.rollouts_per_step}"),
+           ("per rollout worker", f"~{-(-a.prompts_per_step // workers)} prompt groups (whole groups over {workers} "
+                                  "workers)"))
+    return BatchShape(a.rollouts_per_step, "rollouts", mini_batches=mini_batches, epochs=epochs, how=how)
+
+
+def offline_batch(a: OfflineDataConfig) -> BatchShape:
+    """The batch of an offline step: ``batch_size`` records, each a pair of rows when the records are preferences."""
+    pairs = a.record_kind == "preference"
+    return BatchShape(a.batch_size, "pairs" if pairs else "records", rows_per_example=PAIR_ROWS if pairs else 1,
+                      max_length=a.max_length, how=((f"{'pairs' if pairs else 'records'} per step",
+                                                     f"algorithm.batch_size = {a.batch_size}"),))

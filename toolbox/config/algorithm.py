@@ -1,15 +1,20 @@
-"""`AlgorithmConfig`: the base of every algorithm's config section, and the rules each one states about itself.
+"""`AlgorithmConfig`: the base of every algorithm's config section, and what each one states about itself.
 
 The config union of `ExperimentConfig.algorithm` is built from the algorithm registry
 (`toolbox.algorithms.ALGORITHMS`): the ``name`` of the section picks the registered
 config class, which validates the rest with ``extra="forbid"``. So a plugin's algorithm
 is a first-class config section, and a field the chosen algorithm does not use is an
 error that names it.
+
+An algorithm describes itself here (`models`, `batch`), so the tools that plan or export a run
+(``--dry-run``, `toolbox.export`) read its description instead of telling algorithms apart by their classes.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,10 +22,50 @@ if TYPE_CHECKING:
     from toolbox.config.schema import ExperimentConfig
 
 DEFAULT_ALGORITHM = "grpo"
+PolicyKind = Literal["causal_lm", "sequence_classifier", "mlp"]
+PAIR_ROWS = 2  # a preference pair is two rows through the model: chosen, then rejected
+
+
+@dataclass(frozen=True)
+class TrainedModels:
+    """The models one learner rank of the algorithm holds.
+
+    ``policy``: ``causal_lm`` (exports as a Hugging Face causal LM), ``sequence_classifier`` (the base model with a
+    scalar head), ``mlp`` (an environment policy: no Hugging Face form, no language-model memory estimate).
+    ``load``: how the learner and `toolbox.export` load a policy that is not a plain causal LM from the base model,
+    ``(model_path, dtype) -> model``. ``reference``: a frozen copy of the initial policy (no gradients).
+    ``critic``: a value model of the policy's body, trained beside it.
+    """
+
+    policy: PolicyKind = "causal_lm"
+    load: Callable[[str, str], Any] | None = None
+    reference: bool = False
+    critic: bool = False
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """One training step's batch as the algorithm's learner ranks take it.
+
+    ``examples`` per step over all ranks, each one ``unit`` (rollouts, pairs, records, env steps) that puts
+    ``rows_per_example`` rows through the model (2 for a preference pair: chosen and rejected). ``mini_batches``
+    optimizer steps per epoch, ``epochs`` passes. ``max_length``: a row's tokens when the data fixes it (offline),
+    ``None`` for a prompt and its sampled response. ``micro_batched``: ``learner.micro_batch_size`` splits a rank's
+    mini-batch (gradient accumulation). ``how``: where the examples come from, as (quantity, arithmetic) lines.
+    """
+
+    examples: int
+    unit: str
+    rows_per_example: int = 1
+    mini_batches: int = 1
+    epochs: int = 1
+    max_length: int | None = None
+    micro_batched: bool = True
+    how: tuple[tuple[str, str], ...] = ()
 
 
 class AlgorithmConfig(BaseModel):
-    """What every algorithm section has: its ``name``, the worker roles it builds, and its checks."""
+    """What every algorithm section has: its ``name``, the worker roles it builds, its checks and its description."""
 
     model_config = ConfigDict(extra="forbid")
     name: str = Field(DEFAULT_ALGORITHM, description="Algorithm: selects the config, learner, loop and wiring.")
@@ -33,4 +78,12 @@ class AlgorithmConfig(BaseModel):
 
         Raise `toolbox.core.errors.ConfigError` naming the fields involved.
         """
+        return None
+
+    def models(self) -> TrainedModels:
+        """The models a learner rank holds (default: a causal-LM policy alone)."""
+        return TrainedModels()
+
+    def batch(self, exp: ExperimentConfig) -> BatchShape | None:
+        """One step's batch; ``None``: the algorithm does not say (a dry run then prints no batch arithmetic)."""
         return None

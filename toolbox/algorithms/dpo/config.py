@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
-from toolbox.algorithms.pieces import PreferenceLossChoice
-from toolbox.config.algorithm import AlgorithmConfig
+from toolbox.algorithms.pieces import PreferenceLossChoice, offline_batch
+from toolbox.config.algorithm import AlgorithmConfig, BatchShape, TrainedModels
 from toolbox.data.offline import Kind, OfflineDataConfig
 
 if TYPE_CHECKING:
@@ -26,3 +26,9 @@ class DPOConfig(AlgorithmConfig, OfflineDataConfig, PreferenceLossChoice):
 
     def check(self, exp: ExperimentConfig) -> None:
         self.check_micro_batch(exp.learner.num_workers, exp.learner.micro_batch_size)
+
+    def models(self) -> TrainedModels:
+        return TrainedModels(reference=True)
+
+    def batch(self, exp: ExperimentConfig) -> BatchShape:
+        return offline_batch(self)

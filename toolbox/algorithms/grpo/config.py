@@ -22,8 +22,9 @@ from toolbox.algorithms.pieces import (
     PolicyLossChoice,
     check_off_policy,
     check_rollout_batch,
+    rollout_batch,
 )
-from toolbox.config.algorithm import AlgorithmConfig
+from toolbox.config.algorithm import AlgorithmConfig, BatchShape, TrainedModels
 from toolbox.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -47,3 +48,9 @@ class GRPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, PolicyLossChoice,
             raise ConfigError(f"algorithm.advantage: {self.advantage!r} is not one of {ADVANTAGES.names()}")
         check_rollout_batch(exp, self, self.mini_batches)
         check_off_policy(exp, self)
+
+    def models(self) -> TrainedModels:
+        return TrainedModels(reference=self.kl_coef > 0)
+
+    def batch(self, exp: ExperimentConfig) -> BatchShape:
+        return rollout_batch(exp, self, self.ppo_epochs, self.mini_batches)

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import Field
 
 from toolbox.algorithms.grpo.config import POLICY_ROLES
-from toolbox.algorithms.pieces import GroupSampling, PreferenceLossChoice, check_rollout_batch
-from toolbox.config.algorithm import AlgorithmConfig
+from toolbox.algorithms.pieces import GroupSampling, PreferenceLossChoice, check_rollout_batch, rollout_batch
+from toolbox.config.algorithm import PAIR_ROWS, AlgorithmConfig, BatchShape, TrainedModels
 from toolbox.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -29,3 +29,12 @@ class OnlineDPOConfig(AlgorithmConfig, GroupSampling, PreferenceLossChoice):
         if self.prompts_per_step % workers:
             raise ConfigError(f"batch arithmetic: online_dpo pairs within whole groups, so algorithm.prompts_per_step="
                               f"{self.prompts_per_step} must split over learner.num_workers={workers} ranks")
+
+    def models(self) -> TrainedModels:
+        return TrainedModels(reference=True)  # DPO measures the policy against the frozen initial one
+
+    def batch(self, exp: ExperimentConfig) -> BatchShape:
+        """The rollouts sampled, then trained on as one (best, worst) pair per group."""
+        sampled = rollout_batch(exp, self)
+        pairs = ("preference pairs per step", f"one per group = {self.prompts_per_step}")
+        return BatchShape(self.prompts_per_step, "pairs", rows_per_example=PAIR_ROWS, how=(*sampled.how, pairs))

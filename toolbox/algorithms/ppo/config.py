@@ -17,8 +17,9 @@ from toolbox.algorithms.pieces import (
     ValueLossChoice,
     check_off_policy,
     check_rollout_batch,
+    rollout_batch,
 )
-from toolbox.config.algorithm import AlgorithmConfig
+from toolbox.config.algorithm import AlgorithmConfig, BatchShape, TrainedModels
 
 if TYPE_CHECKING:
     from toolbox.config.schema import ExperimentConfig
@@ -41,3 +42,9 @@ class PPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, PolicyLossChoice, 
     def check(self, exp: ExperimentConfig) -> None:
         check_rollout_batch(exp, self, self.mini_batches)
         check_off_policy(exp, self)
+
+    def models(self) -> TrainedModels:
+        return TrainedModels(reference=self.kl_coef > 0, critic=True)
+
+    def batch(self, exp: ExperimentConfig) -> BatchShape:
+        return rollout_batch(exp, self, self.ppo_epochs, self.mini_batches)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 
 from toolbox.algorithms.pieces import ValueLossChoice
-from toolbox.config.algorithm import AlgorithmConfig
+from toolbox.config.algorithm import AlgorithmConfig, BatchShape, TrainedModels
 from toolbox.core.errors import ConfigError
 from toolbox.models.mlp import PolicyConfig, SpaceSpec
 
@@ -66,6 +66,17 @@ class PPOEnvConfig(AlgorithmConfig, ValueLossChoice):
                 f"algorithm.minibatches={self.minibatches} minibatches"
             )
         check_policy(check_env(exp.env), self.policy, exp.env.id)  # unknown ids, unsupported spaces fail here
+
+    def models(self) -> TrainedModels:
+        return TrainedModels(policy="mlp")  # an actor-critic MLP: its value head is part of it
+
+    def batch(self, exp: ExperimentConfig) -> BatchShape:
+        """Env steps of every runner's env copies; PPO's minibatches split them (no micro-batches)."""
+        env = exp.env
+        steps = env.num_workers * env.num_envs * self.steps_per_env
+        how = (("env steps per step", f"{env.num_workers} runners x {env.num_envs} envs x {self.steps_per_env} = {steps}"),)
+        return BatchShape(steps, "env steps", mini_batches=self.minibatches, epochs=self.epochs, micro_batched=False,
+                          how=how)
 
 
 def check_policy(spec: SpaceSpec, policy: PolicyConfig, env_id: str) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
-from toolbox.config.algorithm import AlgorithmConfig
+from toolbox.algorithms.pieces import offline_batch
+from toolbox.config.algorithm import AlgorithmConfig, BatchShape, TrainedModels
 from toolbox.core.errors import ConfigError
 from toolbox.data.offline import Kind, OfflineDataConfig
 from toolbox.models.reward_head import load_reward_model
@@ -23,8 +23,6 @@ class RMConfig(AlgorithmConfig, OfflineDataConfig):
     center_rewards_coef: float = Field(0.0, ge=0, description="Adds coef * mean((s_chosen + s_rejected)^2) to the "
                                        "loss, keeping scores near 0 (Eisenstein et al. 2023); 0: plain Bradley-Terry.")
     record_kind: ClassVar[Kind] = "preference"
-    # What the run trains and exports: a sequence classifier (the learner and `python -m toolbox.export` load it).
-    load_model: ClassVar[Callable[[str, str], Any]] = staticmethod(load_reward_model)
 
     def check_micro_batch(self, num_workers: int, micro_batch_size: int) -> None:
         self.check_batch(num_workers, micro_batch_size, "preference pairs")
@@ -34,3 +32,10 @@ class RMConfig(AlgorithmConfig, OfflineDataConfig):
         if exp.learner.lora is not None:
             raise ConfigError("learner.lora: algorithm 'rm' trains the whole model with its new score head; LoRA "
                               "adapters are for causal-LM policies (unset learner.lora)")
+
+    def models(self) -> TrainedModels:
+        # The base model with a scalar head, what the learner trains and `toolbox.export` writes; no reference
+        return TrainedModels(policy="sequence_classifier", load=load_reward_model)
+
+    def batch(self, exp: ExperimentConfig) -> BatchShape:
+        return offline_batch(self)

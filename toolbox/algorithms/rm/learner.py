@@ -18,14 +18,14 @@ from toolbox.algorithms.rm.config import RMConfig
 from toolbox.data.packing import TokenBatch
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.offline import OfflineLearner
-from toolbox.models.reward_head import sequence_scores
+from toolbox.models.reward_head import load_reward_model, sequence_scores
 from toolbox.objectives.reward_model import bradley_terry_loss
 
 
 class RMLearner(DPOLearner):
     """One reward-model learner rank: the model with its score head, no reference."""
 
-    load_model = staticmethod(RMConfig.load_model)
+    load_model = staticmethod(load_reward_model)
 
     def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: RMConfig, total_steps: int,
                  task: dict[str, Any], seed: int = 0) -> None:

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from toolbox.algorithms.pieces import SupervisedLossChoice
-from toolbox.config.algorithm import AlgorithmConfig
+from toolbox.algorithms.pieces import SupervisedLossChoice, offline_batch
+from toolbox.config.algorithm import AlgorithmConfig, BatchShape
 from toolbox.data.offline import OfflineDataConfig
 
 if TYPE_CHECKING:
@@ -30,3 +30,6 @@ class SFTConfig(AlgorithmConfig, OfflineDataConfig, SupervisedLossChoice):
 
     def check(self, exp: ExperimentConfig) -> None:
         self.check_micro_batch(exp.learner.num_workers, exp.learner.micro_batch_size)
+
+    def batch(self, exp: ExperimentConfig) -> BatchShape:
+        return offline_batch(self)
