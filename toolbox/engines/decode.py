@@ -179,14 +179,15 @@ def sample_step(logits_bV: torch.Tensor, temperature: float, top_p: float, batch
     if temperature != 1.0:
         scores = scores / temperature
     logp_bV = torch.log_softmax(scores, -1)
-    probs = torch.softmax(_top_p(scores, top_p) if top_p < 1.0 else scores, -1)
+    probs = torch.softmax(top_p_filter(scores, top_p) if top_p < 1.0 else scores, -1)
     noise = torch.empty((batch, probs.shape[-1]), dtype=probs.dtype, device=probs.device).exponential_(1)
     token = (probs / noise[rows]).argmax(-1)
     return token, logp_bV.gather(-1, token[:, None]).squeeze(-1)
 
 
-def _top_p(scores_bV: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Scores outside the smallest set of tokens with mass >= ``top_p`` set to -inf (``TopPLogitsWarper``'s rule)."""
+def top_p_filter(scores_bV: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
+    """Scores outside the smallest set of tokens with mass >= ``top_p`` set to -inf (``TopPLogitsWarper``'s rule);
+    ``top_p`` is one value or one per row (``[b, 1]``; 1 keeps the row whole)."""
     sorted_scores, order = torch.sort(scores_bV, descending=False)
     drop_sorted = sorted_scores.softmax(-1).cumsum(-1) <= (1 - top_p)
     drop_sorted[:, -1] = False  # the most likely token always stays

@@ -18,12 +18,12 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolbox.serving.protocol import ApiError, ChatRequest, CompletionRequest, check_sampling
 from toolbox.serving.responses import choice_body, chunk_choice, envelope
-from toolbox.serving.sequence import Delta, SamplingParams
+from toolbox.serving.sequence import SamplingParams
 from toolbox.serving.server import Running, ServedModel
 
 log = logging.getLogger(__name__)
@@ -65,59 +65,65 @@ def _install_error_handlers(app: FastAPI) -> None:
                                      "server_error").body(), 500)
 
 
-async def _collect(running: Running) -> list[list[Delta]]:
-    """Every choice's deltas, once all have finished."""
-    deltas: list[list[Delta]] = [[] for _ in running.sequences]
+async def _finished(running: Running) -> None:
+    """Wait until every choice has finished (a non-streamed request hears only of each choice's end)."""
     left = len(running.sequences)
     try:
         while left:
-            index, delta = await running.events.get()
+            _, delta = await running.events.get()
             if isinstance(delta, BaseException):
                 raise ApiError(500, f"generation failed: {delta!r}", None, None, "server_error")
-            deltas[index].append(delta)
             left -= delta.finish is not None
     finally:
         running.cancel()  # a disconnected client's choices stop decoding
-    return deltas
 
 
 async def _events(server: ServedModel, running: Running, req: Any, chat: bool, rid: str) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per delta, then ``[DONE]``."""
+    """Server-sent events: one chunk per delta, then ``[DONE]``; the chunks that are ready go out in one write."""
     left, started = len(running.sequences), set()
     try:
         while left:
-            index, delta = await running.events.get()
-            if isinstance(delta, BaseException):
-                yield f"data: {json.dumps(ApiError(500, f'generation failed: {delta!r}').body())}\n\n"
-                return
-            choice = chunk_choice(server, chat, index, delta, req, first=index not in started)
-            started.add(index)
-            left -= delta.finish is not None
-            yield f"data: {json.dumps(envelope(server, rid, chat, True, [choice]))}\n\n"
-        yield "data: [DONE]\n\n"
+            ready = [await running.events.get()]
+            while not running.events.empty():
+                ready.append(running.events.get_nowait())
+            chunks = []
+            for index, delta in ready:
+                if isinstance(delta, BaseException):
+                    chunks.append(f"data: {json.dumps(ApiError(500, f'generation failed: {delta!r}').body())}\n\n")
+                    yield "".join(chunks)
+                    return
+                choice = chunk_choice(server, chat, index, delta, req, first=index not in started)
+                started.add(index)
+                left -= delta.finish is not None
+                chunks.append(f"data: {json.dumps(envelope(server, rid, chat, True, [choice]))}\n\n")
+            if not left:
+                chunks.append("data: [DONE]\n\n")
+            yield "".join(chunks)
     finally:
         running.cancel()
 
 
 async def _generate(server: ServedModel, req: CompletionRequest | ChatRequest, prompt_ids: list[int],
-                    chat: bool) -> Any:
+                    chat: bool) -> Response:
     if req.model != server.model_id:
         raise ApiError(404, f"the model {req.model!r} does not exist; this server serves {server.model_id!r}",
                        "model", "model_not_found")
     req.warn_ignored()
     num_top = (req.top_logprobs or 0) if isinstance(req, ChatRequest) else (req.logprobs or 0)
     max_tokens = check_sampling(req, len(prompt_ids), server.context, num_top)
-    params = SamplingParams(max_tokens, req.temperature, req.top_p, req.stops(), num_top, req.ignore_eos)
-    running = server.start_choices(prompt_ids, params, req.n, req.seed)
+    params = SamplingParams(max_tokens, req.temperature, req.top_p, req.stops(), num_top, req.ignore_eos,
+                            max(req.top_k, 0))
+    running = server.start_choices(prompt_ids, params, req.n, req.seed, req.stream)
     rid = server.request_id("chatcmpl" if chat else "cmpl")
     if req.stream:
         return StreamingResponse(_events(server, running, req, chat, rid), media_type="text/event-stream")
-    deltas = await _collect(running)
-    choices = [choice_body(server, chat, i, seq, deltas[i], req) for i, seq in enumerate(running.sequences)]
-    generated = sum(len(d) for d in deltas)
+    await _finished(running)
+    choices = [choice_body(server, chat, i, seq, req) for i, seq in enumerate(running.sequences)]
+    generated = sum(len(seq.token_ids) for seq in running.sequences)
     usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": generated,
              "total_tokens": len(prompt_ids) + generated}
-    return envelope(server, rid, chat, False, choices, usage)
+    # A Response, not a dict: FastAPI would walk the body with jsonable_encoder first.
+    return Response(json.dumps(envelope(server, rid, chat, False, choices, usage)), media_type="application/json")
 
 
 def create_app(server: ServedModel, api_key: str | None = None, admin_token: str | None = None) -> FastAPI:
@@ -143,13 +149,13 @@ def create_app(server: ServedModel, api_key: str | None = None, admin_token: str
                                             "owned_by": "toolbox", "max_model_len": server.context}]}
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> Any:
+    async def completions(req: CompletionRequest) -> Response:
         if req.echo:
             raise ApiError(400, "echo is not supported", "echo")
         return await _generate(server, req, server.encode(req.prompt), chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatRequest) -> Any:
+    async def chat_completions(req: ChatRequest) -> Response:
         return await _generate(server, req, server.chat_prompt([m.model_dump() for m in req.messages]), chat=True)
 
     _add_weight_routes(app, server, admin_token)

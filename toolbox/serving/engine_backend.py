@@ -28,7 +28,7 @@ from toolbox.serving.config import ServeConfig
 from toolbox.serving.protocol import ApiError
 from toolbox.serving.sampling import Choice
 from toolbox.serving.scheduler import BatchLoop
-from toolbox.serving.sequence import SamplingParams, Sequence
+from toolbox.serving.sequence import SamplingParams, Sequence, publish
 from toolbox.serving.server import Running, ServedModel
 from toolbox.serving.weights import digest_of, read_payload
 
@@ -84,10 +84,10 @@ class EngineBatcher(BatchLoop):
                 replay(seq, batch, row)
         except Exception as err:  # any engine failure becomes a 500 for the requests in this call
             log.exception("toolbox serve: engine.generate failed")
-            for seq in seqs:
-                if not seq.done:
-                    seq.cancelled = True
-                    seq.listener(err)
+            failed = [seq for seq in seqs if not seq.done]
+            for seq in failed:
+                seq.cancelled = True
+            publish([(seq, err) for seq in failed])
 
 
 def build_engine(config: ServeConfig) -> InferenceEngine:
@@ -111,11 +111,15 @@ class EngineServer(ServedModel):
         self.engine = build_engine(config) if engine is None else engine
         self.batcher = EngineBatcher(self.engine, config.max_batch_size, config.max_queue)
 
-    def start_choices(self, prompt_ids: list[int], params: SamplingParams, n: int, seed: int | None) -> Running:
+    def start_choices(self, prompt_ids: list[int], params: SamplingParams, n: int, seed: int | None,
+                      stream: bool = False) -> Running:
         if params.num_top:
             raise ApiError(400, f"engine={self.config.engine} reports only the sampled token's log-prob; "
                            "ask for logprobs=0 (completions) or top_logprobs=0 (chat)", "logprobs")
-        return super().start_choices(prompt_ids, params, n, seed)
+        if params.top_k:
+            raise ApiError(400, f"engine={self.config.engine} samples from every token (its SamplingConfig has no "
+                           "top_k); leave top_k out", "top_k")
+        return super().start_choices(prompt_ids, params, n, seed, stream)
 
     def load_weights(self, payload: bytes) -> dict[str, int]:
         """``engine.update_weights`` with the pushed state dict in buckets, between batches; bump the version."""

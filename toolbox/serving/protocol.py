@@ -40,6 +40,7 @@ class _Sampling(BaseModel):
     max_tokens: int | None = Field(None, description="Most tokens to generate per choice; None: up to the context.")
     temperature: float = Field(1.0, description="Sampling temperature; 0 is greedy.")
     top_p: float = Field(1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(-1, description="vLLM extension: sample among the k most likely tokens; -1 or 0: all.")
     stop: str | list[str] | None = Field(None, description="Strings that end a choice (not included in its text).")
     seed: int | None = Field(None, description="Seed of the choice's sampler (choice i uses seed + i).")
     stream: bool = Field(False, description="Send server-sent events as tokens are generated.")
@@ -85,6 +86,7 @@ def check_sampling(req: _Sampling, prompt_len: int, context: int, num_top: int) 
         (1 <= req.n <= MAX_N, "n", f"n must be in [1, {MAX_N}], got {req.n}"),
         (0.0 <= req.temperature <= 100.0, "temperature", f"temperature must be in [0, 100], got {req.temperature}"),
         (0.0 < req.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {req.top_p}"),
+        (req.top_k >= -1, "top_k", f"top_k must be -1, 0 (all tokens) or a positive count, got {req.top_k}"),
         (all(req.stops()) and len(req.stops()) <= 4, "stop", "stop must be up to 4 non-empty strings"),
         (0 <= num_top <= MAX_TOP_LOGPROBS, "logprobs", f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {num_top}"),
         (prompt_len > 0, "prompt", "the prompt is empty"),

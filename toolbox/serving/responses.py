@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
+from toolbox.serving.sampling import Choice
 from toolbox.serving.sequence import Delta, Sequence
 from toolbox.serving.server import ServedModel
 
 
-def completion_logprobs(server: ServedModel, deltas: list[Delta], num_top: int | None) -> dict[str, Any] | None:
-    """The completions ``logprobs`` object for ``deltas`` (None when not asked for)."""
+def completion_logprobs(server: ServedModel, choices: list[Choice], num_top: int | None) -> dict[str, Any] | None:
+    """The completions ``logprobs`` object for ``choices`` (None when not asked for)."""
     if num_top is None:
         return None
-    tokens = [server.token_text(d.choice.token) for d in deltas]
-    offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
-    tops = [{server.token_text(t): lp for t, lp in d.choice.top} for d in deltas] if num_top else None
-    return {"tokens": tokens, "token_logprobs": [d.choice.logprob for d in deltas], "top_logprobs": tops,
+    tokens = [server.token_text(c.token) for c in choices]
+    offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0)) if tokens else []
+    tops = [{server.token_text(t): lp for t, lp in c.top} for c in choices] if num_top else None
+    return {"tokens": tokens, "token_logprobs": [c.logprob for c in choices], "top_logprobs": tops,
             "text_offset": offsets}
 
 
-def chat_logprobs(server: ServedModel, deltas: list[Delta], wanted: bool) -> dict[str, Any] | None:
-    """The chat ``logprobs`` object (``content`` entries) for ``deltas`` (None when not asked for)."""
+def chat_logprobs(server: ServedModel, choices: list[Choice], wanted: bool) -> dict[str, Any] | None:
+    """The chat ``logprobs`` object (``content`` entries) for ``choices`` (None when not asked for)."""
     if not wanted:
         return None
 
@@ -29,22 +31,22 @@ def chat_logprobs(server: ServedModel, deltas: list[Delta], wanted: bool) -> dic
         text = server.token_text(token)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
-    return {"content": [{**entry(d.choice.token, d.choice.logprob),
-                         "top_logprobs": [entry(t, lp) for t, lp in d.choice.top]} for d in deltas]}
+    return {"content": [{**entry(c.token, c.logprob), "top_logprobs": [entry(t, lp) for t, lp in c.top]}
+                        for c in choices]}
 
 
-def choice_body(server: ServedModel, chat: bool, index: int, seq: Sequence, deltas: list[Delta],
-                req: Any) -> dict[str, Any]:
+def choice_body(server: ServedModel, chat: bool, index: int, seq: Sequence, req: Any) -> dict[str, Any]:
     """One finished choice (non-streaming)."""
     body: dict[str, Any] = {"index": index, "finish_reason": seq.finish}
     if chat:
         body["message"] = {"role": "assistant", "content": seq.text}
-        body["logprobs"] = chat_logprobs(server, deltas, req.logprobs)
+        body["logprobs"] = chat_logprobs(server, seq.choices(), req.logprobs) if req.logprobs else None
     else:
         body["text"] = seq.text
-        body["logprobs"] = completion_logprobs(server, deltas, req.logprobs)
+        body["logprobs"] = completion_logprobs(server, seq.choices(), req.logprobs) if req.logprobs is not None \
+            else None
     if req.return_token_ids:
-        body["token_ids"] = [d.choice.token for d in deltas]
+        body["token_ids"] = list(seq.token_ids)
     return body
 
 
@@ -53,10 +55,10 @@ def chunk_choice(server: ServedModel, chat: bool, index: int, delta: Delta, req:
     body: dict[str, Any] = {"index": index, "finish_reason": delta.finish}
     if chat:
         body["delta"] = {"role": "assistant", "content": delta.text} if first else {"content": delta.text}
-        body["logprobs"] = chat_logprobs(server, [delta], req.logprobs)
+        body["logprobs"] = chat_logprobs(server, [delta.choice], req.logprobs)
     else:
         body["text"] = delta.text
-        body["logprobs"] = completion_logprobs(server, [delta], req.logprobs)
+        body["logprobs"] = completion_logprobs(server, [delta.choice], req.logprobs)
     if req.return_token_ids:
         body["token_ids"] = [delta.choice.token]
     return body

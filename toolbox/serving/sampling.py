@@ -1,9 +1,13 @@
-"""Next-token choice for one row of the running batch, and the log-probs the server reports.
+"""Next-token choice for every row of the running batch at once, and the log-probs the server reports.
 
-The reported log-prob of a sampled token is the learner's ``log_softmax(logits / T)`` (greedy: ``T = 1``), from
-`toolbox.models.logprobs.token_logprobs`, the same function the ``hf`` engine and the learners use. ``top_p``
-only narrows the set sampled from; it does not renormalise the reported log-prob (vLLM's
-``processed_logprobs`` and the ``hf`` engine agree when ``top_p`` is 1).
+Each row has its own temperature (0: greedy), top-k (0: off) and top-p, held as tensors, so one step samples the
+whole batch with a handful of tensor ops (`sample_rows`). A token is drawn as ``argmax(p / q)`` with ``q ~ Exp(1)``
+(the draw ``torch.multinomial`` makes), the noise of each row coming from that row's own seeded generator: a
+request's tokens depend on its seed, never on which other requests share its steps.
+
+The reported log-prob of a token is ``log_softmax(logits / T)`` (greedy: ``T = 1``), the formula of the learner's
+`toolbox.models.logprobs.token_logprobs`. ``top_k`` / ``top_p`` only narrow the set sampled from; they do not
+renormalise the reported log-prob (vLLM's ``processed_logprobs`` and the ``hf`` engine agree when both are off).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from toolbox.models.logprobs import token_logprobs
+from toolbox.engines.decode import top_p_filter
 
 
 @dataclass(frozen=True)
@@ -24,27 +28,72 @@ class Choice:
     top: list[tuple[int, float]]
 
 
-def _nucleus(probs_V: torch.Tensor, top_p: float) -> torch.Tensor:
-    """``probs`` with everything outside the smallest set of mass >= ``top_p`` zeroed (the top token always kept)."""
-    if top_p >= 1.0:
-        return probs_V
-    sorted_p, order = probs_V.sort(descending=True)
-    outside = sorted_p.cumsum(0) - sorted_p >= top_p
-    sorted_p = sorted_p.masked_fill(outside, 0.0)
-    return torch.zeros_like(probs_V).scatter(0, order, sorted_p)
+@dataclass
+class RowSampling:
+    """The sampling settings of the batch's rows, one entry per row."""
+
+    temperature_B: torch.Tensor  # float; 0 is greedy
+    top_k_B: torch.Tensor  # long; 0 keeps every token
+    top_p_B: torch.Tensor  # float; 1 keeps every token
+    num_top: int  # most top log-probs any row asks for
+    generators: list[torch.Generator]
+
+    @classmethod
+    def of(cls, settings: list[tuple[float, int, float]], num_top: int, generators: list[torch.Generator],
+           device: torch.device) -> RowSampling:
+        """From per-row ``(temperature, top_k, top_p)``."""
+        temperature, top_k, top_p = zip(*settings, strict=True) if settings else ((), (), ())
+        return cls(torch.tensor(temperature, dtype=torch.float32, device=device),
+                   torch.tensor(top_k, dtype=torch.long, device=device),
+                   torch.tensor(top_p, dtype=torch.float32, device=device), num_top, generators)
 
 
-def choose(logits_V: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator,
-           num_top: int = 0) -> Choice:
-    """Sample (or, at ``temperature == 0``, take the argmax of) one token from a row's last-position logits."""
-    logits = logits_V.float()
-    if temperature == 0.0:
-        token = int(logits.argmax())
+@dataclass
+class Sampled:
+    """One step's tokens ``[B]``, their log-probs ``[B]``, and the ``num_top`` most likely ids / log-probs ``[B, K]``."""
+
+    token_B: torch.Tensor
+    logprob_B: torch.Tensor
+    top_ids_BK: torch.Tensor
+    top_logprobs_BK: torch.Tensor
+
+
+def top_k_filter(scores_BV: torch.Tensor, top_k_B: torch.Tensor) -> torch.Tensor:
+    """Scores below each row's ``top_k``-th largest set to -inf (rows with ``top_k`` 0 untouched)."""
+    k_max = min(int(top_k_B.max()), scores_BV.shape[-1])
+    kth = scores_BV.topk(k_max, dim=-1).values.gather(-1, (top_k_B.clamp(1, k_max) - 1)[:, None])
+    return scores_BV.masked_fill((scores_BV < kth) & (top_k_B[:, None] > 0), float("-inf"))
+
+
+def exponential_noise(generators: list[torch.Generator], vocab: int, device: torch.device,
+                      skip: list[bool]) -> torch.Tensor:
+    """``[B, V]`` draws of Exp(1), row i from ``generators[i]`` (a skipped row's generator does not advance)."""
+    noise = torch.ones((len(generators), vocab), dtype=torch.float32)
+    for row, (generator, greedy) in enumerate(zip(generators, skip, strict=True)):
+        if not greedy:
+            noise[row].exponential_(1, generator=generator)  # generators live on the CPU
+    return noise.to(device)
+
+
+def sample_rows(logits_BV: torch.Tensor, rows: RowSampling) -> Sampled:
+    """Each row's next token under its own settings, its log-prob, and the top log-probs."""
+    scores = logits_BV.float()
+    greedy = (rows.temperature_B == 0).tolist()
+    scale_B = torch.where(rows.temperature_B > 0, rows.temperature_B, 1.0)
+    scaled = scores / scale_B[:, None]
+    if all(greedy):
+        token_B = scores.argmax(-1)
     else:
-        probs = _nucleus(torch.softmax(logits / temperature, dim=-1), top_p)
-        token = int(torch.multinomial(probs, 1, generator=generator))
-    scale = 1.0 if temperature == 0.0 else temperature
-    top_ids = logits.topk(num_top).indices.tolist() if num_top > 0 else []
-    ids = torch.tensor([[token, *top_ids]])
-    logp = token_logprobs(logits.expand(1, ids.shape[1], -1), ids, scale)[0].tolist()
-    return Choice(token, logp[0], list(zip(top_ids, logp[1:], strict=True)))
+        narrowed = scaled
+        if bool((rows.top_k_B > 0).any()):
+            narrowed = top_k_filter(narrowed, rows.top_k_B)
+        if bool((rows.top_p_B < 1).any()):
+            narrowed = top_p_filter(narrowed, rows.top_p_B[:, None])
+        noise = exponential_noise(rows.generators, scores.shape[-1], scores.device, greedy)
+        token_B = (torch.softmax(narrowed, -1) / noise).argmax(-1)
+        if any(greedy):
+            token_B = torch.where(rows.temperature_B == 0, scores.argmax(-1), token_B)
+    top_ids_BK = scores.topk(rows.num_top, dim=-1).indices if rows.num_top else token_B[:, None][:, :0]
+    # token_logprobs' formula, at several labels per row: one log-softmax, then a gather of the token and the top ids.
+    logp = torch.log_softmax(scaled, -1).gather(-1, torch.cat([token_B[:, None], top_ids_BK], dim=1))
+    return Sampled(token_B, logp[:, 0], top_ids_BK, logp[:, 1:])

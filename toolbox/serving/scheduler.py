@@ -1,14 +1,17 @@
-"""Continuous batching for a ``transformers`` causal LM: one scheduler thread, one running batch, one KV cache.
+"""Continuous batching for a causal LM: one scheduler thread, one running batch, one KV cache.
 
-Each loop of the scheduler thread is one step boundary: it admits waiting sequences (up to
-``max_batch_size`` running), prefills the newcomers together (left-padded) and samples their first tokens,
-merges their cache into the running batch's (`toolbox.serving.kv`), then runs one decode step over every
-running row and drops the rows that finished. So a request that arrives while others are decoding joins them
-at the next step instead of waiting for the batch to drain. Weight loads and digests take the same lock as a
-step, so they happen between steps; rows still running keep the KV entries computed with the old weights.
+Each loop of the scheduler thread is one step boundary: one decode step of every running row, then the
+newcomers (up to ``max_batch_size`` running) prefilled together into the same cache (`toolbox.serving.kv`: the
+lean decode loop's decoders where the model has one), then one vectorised sampling of every row's next token
+(`toolbox.serving.sampling`), the EOS / ``max_tokens`` checks on tensors, and the finished rows leave. So a
+request that arrives while others are decoding joins them at the next step instead of waiting for the batch to
+drain. Only streamed rows, rows with stop strings and finished rows do any per-row text work, and a step's
+deltas reach the event loop in one call (`toolbox.serving.sequence.publish`). Weight loads and digests take the
+same lock as a step, so they happen between steps; rows still running keep the KV entries computed with the old
+weights.
 
 Not covered: paged attention, prefix caching, chunked prefill, preemption. Memory grows with the longest
-running row times the batch size.
+running row times ``max_batch_size``.
 """
 
 from __future__ import annotations
@@ -21,11 +24,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import DynamicCache
 
-from toolbox.serving.kv import BatchKV, check_cache, keep_rows, merge
-from toolbox.serving.sampling import choose
-from toolbox.serving.sequence import Sequence
+from toolbox.serving.kv import RunningKV, running_kv
+from toolbox.serving.sampling import RowSampling, Sampled, sample_rows
+from toolbox.serving.sequence import Delta, Sequence, publish
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +91,12 @@ class BatchLoop:
                         return
                     room = self.max_batch_size - len(self._running)
                     newcomers = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
-                with self.lock, torch.no_grad():
+                with self.lock, torch.inference_mode():
                     self._step([s for s in newcomers if not s.cancelled])
         except BaseException as err:  # the thread must not die silently: requests would hang
             log.exception("toolbox serve: the scheduler thread failed")
             self._failure = err
-            for seq in [*self._running, *self._waiting]:
-                seq.listener(err)
+            publish([(seq, err) for seq in [*self._running, *self._waiting]])
 
     def _step(self, newcomers: list[Sequence]) -> None:
         raise NotImplementedError
@@ -108,55 +109,77 @@ class ContinuousBatcher(BatchLoop):
         super().__init__(max_batch_size, max_queue, "toolbox-serve-scheduler")
         self.model = model
         self.device = next(model.parameters()).device
-        self.pad_id = pad_id
-        self._kv: BatchKV | None = None
+        self.kv: RunningKV = running_kv(model, max_batch_size, pad_id)
+        self._rows: RowSampling | None = None  # the running rows' settings; rebuilt when rows join or leave
+        # Per row: EOS id (-1: none, or ignored), max_tokens, tokens so far; rebuilt when rows join or leave.
+        self._limits_B = torch.zeros((3, 0), dtype=torch.long)
         self.peak_running = 0  # the most rows ever decoded together (tests read it)
 
     def _step(self, newcomers: list[Sequence]) -> None:
-        """Prefill the newcomers, decode the rows that were already running, then drop finished rows."""
-        old = [s for s in self._running]
-        if old:
-            self._decode(old)
+        """Decode the running rows, prefill the newcomers, sample every row, then drop the finished rows."""
+        logits = []
+        if self._running:
+            last = torch.tensor([s.last_token for s in self._running], dtype=torch.long, device=self.device)
+            logits.append(self.kv.step(last))
         if newcomers:
-            self._kv = merge(self._kv, self._prefill(newcomers))
-            self._running = old + newcomers
+            logits.append(self.kv.join([s.prompt_ids for s in newcomers]))
+            self._running = self._running + newcomers
+            self._settings_changed()
             self.peak_running = max(self.peak_running, len(self._running))
         self.steps += 1
-        keep = [i for i, s in enumerate(self._running) if not s.done]
-        if len(keep) < len(self._running) and self._kv is not None:
-            self._kv = keep_rows(self._kv, keep)
-            self._running = [self._running[i] for i in keep]
+        if not logits:
+            return
+        assert self._rows is not None
+        sampled = sample_rows(torch.cat(logits) if len(logits) > 1 else logits[0], self._rows)
+        events = self._record(sampled)
+        if events:
+            publish(events)
+        if any(s.done for s in self._running):
+            self._leave()
 
-    def _prefill(self, seqs: list[Sequence]) -> BatchKV:
-        width = max(len(s.prompt_ids) for s in seqs)
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long, device=self.device)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long, device=self.device)
-        for i, s in enumerate(seqs):
-            ids[i, width - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids, device=self.device)
-            mask[i, width - len(s.prompt_ids) :] = 1
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        cache = DynamicCache(config=getattr(self.model, "config", None))
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                            use_cache=True, logits_to_keep=1).logits
-        check_cache(cache)  # the forward pass filled ``cache`` in place
-        self._sample(seqs, logits[:, -1])
-        return BatchKV(cache, mask)
+    def _record(self, sampled: Sampled) -> list[tuple[Sequence, Delta | BaseException]]:
+        """Add each row's token; the deltas of rows that finished or are watched (streamed, or with stop strings)."""
+        tokens, logprobs = sampled.token_B.tolist(), sampled.logprob_B.tolist()
+        eos_B, max_B, count_B = self._limits_B
+        count_B += 1
+        at_eos = (sampled.token_B.cpu() == eos_B).tolist()
+        at_length = (count_B >= max_B).tolist()
+        tops = self._tops(sampled)
+        events: list[tuple[Sequence, Delta | BaseException]] = []
+        for i, seq in enumerate(self._running):
+            seq.record(tokens[i], logprobs[i], tops[i] if tops else None)
+            ended = "stop" if at_eos[i] else "length" if at_length[i] else None
+            if ended or seq.watched:
+                delta = seq.advance(ended)
+                if delta is not None:
+                    events.append((seq, delta))
+        return events
 
-    def _decode(self, seqs: list[Sequence]) -> None:
-        assert self._kv is not None
-        kv = self._kv
-        kv.mask_BL = torch.cat([kv.mask_BL, torch.ones((kv.size, 1), dtype=torch.long, device=self.device)], dim=1)
-        last = torch.tensor([[s.last_token] for s in seqs], dtype=torch.long, device=self.device)
-        positions = kv.mask_BL.sum(dim=1, keepdim=True) - 1
-        logits = self.model(input_ids=last, attention_mask=kv.mask_BL, position_ids=positions, cache=kv.cache,
-                            use_cache=True).logits
-        self._sample(seqs, logits[:, -1])
+    def _tops(self, sampled: Sampled) -> list[list[tuple[int, float]]]:
+        """Each row's top (id, log-prob) pairs, cut to what the row asked for (empty when no row asked)."""
+        if not sampled.top_ids_BK.shape[1]:
+            return []
+        ids, logps = sampled.top_ids_BK.tolist(), sampled.top_logprobs_BK.tolist()
+        return [list(zip(i[: s.params.num_top], lp[: s.params.num_top], strict=True))
+                for s, i, lp in zip(self._running, ids, logps, strict=True)]
 
-    @staticmethod
-    def _sample(seqs: list[Sequence], logits_BV: torch.Tensor) -> None:
-        # Sampling runs on the CPU, where each choice's seeded generator lives.
-        for seq, logits in zip(seqs, logits_BV.float().cpu(), strict=True):
-            if seq.done:
-                continue
-            p = seq.params
-            seq.append(choose(logits, p.temperature, p.top_p, seq.generator, p.num_top))
+    def _leave(self) -> None:
+        """Drop finished (or cancelled) rows: rows from the end of the batch fill their places."""
+        done = [s.done for s in self._running]
+        keep = [i for i, d in enumerate(done) if not d]
+        order = list(range(len(keep)))
+        holes = [j for j in order if done[j]]
+        for hole, tail in zip(holes, [i for i in keep if i >= len(keep)], strict=True):
+            order[hole] = tail
+        self.kv.keep(order)
+        self._running = [self._running[i] for i in order]
+        self._settings_changed()
+
+    def _settings_changed(self) -> None:
+        rows = self._running
+        p = [s.params for s in rows]
+        self._rows = RowSampling.of([(x.temperature, x.top_k, x.top_p) for x in p], max((x.num_top for x in p),
+                                    default=0), [s.generator for s in rows], self.device)
+        eos = [-1 if x.ignore_eos or s.eos_id is None else s.eos_id for x, s in zip(p, rows, strict=True)]
+        self._limits_B = torch.tensor([eos, [x.max_tokens for x in p], [len(s.token_ids) for s in rows]],
+                                      dtype=torch.long).reshape(3, len(rows))

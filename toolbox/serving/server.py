@@ -56,6 +56,7 @@ class ServedModel:
         self.version = 0
         self._seeds = random.Random(config.seed)
         self._ids = itertools.count()
+        self._token_texts: dict[int, str] = {}
 
     def start(self) -> None:
         self.batcher.start()
@@ -85,23 +86,30 @@ class ServedModel:
         return self.encode(str(text))
 
     def token_text(self, token: int) -> str:
-        return str(self.tokenizer.decode([token]))
+        """One token's text on its own (cached: the stop-string test and log-prob responses ask often)."""
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = str(self.tokenizer.decode([token]))
+        return text
 
     def _decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
-    def start_choices(self, prompt_ids: list[int], params: SamplingParams, n: int, seed: int | None) -> Running:
-        """Queue ``n`` choices of one prompt; a 429 `ApiError` if the queue has no room for all of them."""
+    def start_choices(self, prompt_ids: list[int], params: SamplingParams, n: int, seed: int | None,
+                      stream: bool = False) -> Running:
+        """Queue ``n`` choices of one prompt; a 429 `ApiError` if the queue has no room for all of them.
+
+        A streamed request hears of every token; any other only of each choice's end."""
         loop = asyncio.get_running_loop()
         running = Running([])
         base = self._seeds.randrange(2**62) if seed is None else seed
         for index in range(n):
             def listen(delta: Delta | BaseException, index: int = index) -> None:
-                loop.call_soon_threadsafe(running.events.put_nowait, (index, delta))
+                running.events.put_nowait((index, delta))  # on ``loop``: `toolbox.serving.sequence.publish`
 
             generator = torch.Generator().manual_seed(base + index)
             running.sequences.append(Sequence(prompt_ids, params, generator, listen, self._decode,
-                                              self.tokenizer.eos_token_id))
+                                              self.tokenizer.eos_token_id, stream, loop, self.token_text))
         try:
             self.batcher.submit(running.sequences)
         except QueueFull as err:
