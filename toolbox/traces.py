@@ -8,6 +8,8 @@ and writes rows the SFT or DPO trainers read directly (``algorithm.dataset=OUT.j
 - ``--to dpo``: each recorded prompt's best response against its worst, where their rewards differ by
   more than ``--min-margin``.
 
+Multi-turn episodes become chat rows (messages; a DPO pair at the first model turn where they part).
+
 See `toolbox.tracing.datasets` for the rules. Runs in this process: no Ray, no model.
 """
 

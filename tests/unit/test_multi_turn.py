@@ -3,6 +3,7 @@ then the real ``hf`` engine inside it: behaviour log-probs of the model's turns 
 
 from __future__ import annotations
 
+import json
 import random
 import string
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import torch
 from toolbox.agents.env import TEXT_ENVS, EnvStep
 from toolbox.agents.multi_turn import MultiTurnConfig, MultiTurnEngine
 from toolbox.agents.tool_env import ToolEnv, ToolEnvConfig
+from toolbox.data.offline import load_records
 from toolbox.data.tasks import TASKS
 from toolbox.engines.base import ENGINES, SamplingConfig
 from toolbox.engines.common import Sample, batch_from_samples
@@ -24,6 +26,11 @@ from toolbox.models.tiny import build_char_tokenizer
 from toolbox.rewards.base import REWARDS, RewardStatus
 from toolbox.rewards.runner import RewardRunConfig, decode_samples, score_samples
 from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest, RolloutBatch
+from toolbox.rl.plan import StepPlan
+from toolbox.tracing.datasets import dpo_rows, read_samples, sft_rows
+from toolbox.tracing.entries import TraceRequest
+from toolbox.tracing.episodes import first_divergence
+from toolbox.tracing.record import sample_traces
 
 # Printable ASCII: the tools' English error messages are spelled out in these tests (the recipe shows "?").
 ALPHABET = "".join(c for c in string.printable if c == " " or not c.isspace())
@@ -194,8 +201,11 @@ def test_tool_env_answer_and_format_shaping() -> None:
     env.reset("37+45? add(37,45)>", {"answer": "82"})
     assert env.step("a((((((((").reward == pytest.approx(0.4 / 10)  # only the prefix counts, not a later "("
     env.reset("37+45? add(37,45)>", {"answer": "82"})
-    assert env.step("add(37,45)") == EnvStep("<tool_response>82</tool_response>", 0.3, False,
-                                             {"tool_calls": 1, "tool_errors": 0, "parts": parts(call=0.3)})
+    called = env.step("add(37,45)")
+    assert called == EnvStep("<tool_response>82</tool_response>", 0.3, False,
+                             {"tool_calls": 1, "tool_errors": 0, "parts": parts(call=0.3)}, called.calls, "tool")
+    [record] = called.calls  # the call as run, for the episode's trace
+    assert (record.tool, record.arguments, record.result, record.ok) == ("add", [37, 45], "82", True)
     assert env.step("add(1,1)").reward == 0.0  # the call reward is paid once per episode
     final = env.step(" 82 ")
     assert final.done and final.reward == 1.0 and final.info == {"correct": True, "parts": parts(answer=1.0)}
@@ -209,7 +219,10 @@ def test_tool_env_answer_and_format_shaping() -> None:
         assert answer.reward == pytest.approx(credit) and answer.info["parts"] == parts(answer_chars=credit), wrong
     terse = ToolEnv(ToolEnvConfig(formats=["pythonic"], observation_template="={result}>", error_template="?"))
     terse.reset("1+2?", {"answer": "3"})
-    assert terse.step("add(1)") == EnvStep("=?>", 0.0, False, {"tool_calls": 1, "tool_errors": 1, "parts": parts()})
+    failed = terse.step("add(1)")
+    assert failed == EnvStep("=?>", 0.0, False, {"tool_calls": 1, "tool_errors": 1, "parts": parts()}, failed.calls,
+                             "tool")
+    assert [(c.tool, c.ok, c.result) for c in failed.calls] == [("add", False, "bad arguments for add: b: Field required")]
     assert terse.step("add(1,x)").observation == "=?>"  # a malformed call: the parse error, shown the same way
 
 
@@ -283,3 +296,53 @@ def test_tool_env_binds_the_prompts_variables() -> None:
     injecting.reset("a=37 b=45? sum()>", {"answer": "82"})
     assert injecting.step("sum()").observation == "<tool_response>82</tool_response>"
     assert injecting.step("sum(b=1)").observation == "<tool_response>38</tool_response>"  # the call's own win
+
+
+def test_episode_turns_and_tool_calls_become_typed_samples_and_chat_rows(char_tokenizer_dir: Path,
+                                                                        tmp_path: Path) -> None:
+    """A recorded step of scripted episodes: each sample holds its turns (who, role, text, tokens, timing) and tool
+    calls (tool, arguments, result); written to samples.jsonl and read back, they become SFT chat rows and a DPO
+    pair at the first model turn where two episodes part, which the offline readers load."""
+    batch, tok = episodes(char_tokenizer_dir, [0, 1, 3], max_turns=3)
+    rewards = score_samples(REWARDS.build({"name": "env_score"}), decode_samples(batch, tok), RewardRunConfig())
+    plan = StepPlan(shard_rows=[3], rank_rows=[torch.arange(3)], response_width=batch.response_ids_BR.shape[1],
+                    metrics={})
+    recorded = sample_traces(TraceRequest(step=1, prompts=3, rollout_workers=1), [batch], [rewards], plan, tok)
+    tool_user, guesser, mistaken = recorded.samples
+    turns = tool_user.outputs.turns
+    assert [(t.turn, t.who, t.role, t.text, t.tokens, t.reward) for t in turns] == [
+        (1, "model", "assistant", "add(37,45)", 11, None), (1, "env", "tool", "=82>", 4, 0.3),
+        (2, "model", "assistant", "82", 3, None), (2, "env", "user", "", 0, 1.0)]  # the final answer's reply ends it
+    assert sum(t.tokens for t in turns) == tool_user.outputs.response_tokens
+    assert all(t.at_s >= 0 and t.seconds >= 0 for t in turns) and turns[2].at_s >= turns[1].at_s
+    [call] = turns[0].tool_calls
+    assert (call.tool, call.arguments, call.result, call.ok) == ("add", [37, 45], "82", True)
+    assert "env_trace" not in tool_user.inputs.extras  # moved to outputs.turns, not kept twice
+    assert [(t.who, t.role) for t in guesser.outputs.turns] == [("model", "assistant"), ("env", "user")]
+    [bad] = mistaken.outputs.turns[0].tool_calls
+    assert (bad.tool, bad.arguments, bad.ok, bad.result) == ("add", [37], False, "bad arguments for add: b: Field required")
+
+    # The mistaken episode as a worse sample of the tool user's prompt: a preference pair at their first turn.
+    path = tmp_path / "samples.jsonl"
+    both = [tool_user, mistaken.model_copy(update={"inputs": mistaken.inputs.model_copy(update={"group": 0})})]
+    path.write_text("".join(s.model_dump_json() + "\n" for s in [*both, guesser]))
+    samples = read_samples(path)
+    assert samples[0] == tool_user
+    prompt = tool_user.inputs.prompt
+    assert sft_rows(samples, min_reward=1.0) == [{"messages": [
+        {"role": "user", "content": prompt}, {"role": "assistant", "content": "add(37,45)"},
+        {"role": "tool", "content": "=82>"}, {"role": "assistant", "content": "82"}]}]
+    pairs = dpo_rows(samples)
+    assert pairs == [{"prompt": [{"role": "user", "content": prompt}], "chosen": "add(37,45)", "rejected": "add(37)"}]
+    for kind, rows in (("sft", sft_rows(samples, 1.0)), ("preference", pairs)):
+        out = tmp_path / f"{kind}.jsonl"
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert len(load_records(out, kind)) == 1  # type: ignore[arg-type]
+
+
+def test_a_pair_parts_at_a_model_turn_or_not_at_all() -> None:
+    user, said = {"role": "user", "content": "q"}, lambda role, text: {"role": role, "content": text}
+    a = [user, said("assistant", "c()"), said("tool", "=1"), said("assistant", "1")]
+    assert first_divergence(a, [*a[:3], said("assistant", "2")]) == 3  # the shared call and reply are the prompt
+    assert first_divergence(a, [*a[:2], said("tool", "=2"), said("assistant", "2")]) is None  # the env parted them
+    assert first_divergence(a, a[:2]) is None and first_divergence(a, a) is None

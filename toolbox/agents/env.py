@@ -17,16 +17,20 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from toolbox.core.registry import Registry
+from toolbox.tracing.episodes import ChatRole, ToolCallRecord
 
 
 @dataclass(frozen=True)
 class EnvStep:
-    """The environment's answer to one model turn."""
+    """The environment's answer to one model turn. ``calls``: the tool calls the turn made, as run (for the
+    episode's trace); ``role``: the chat role of ``observation`` (``tool`` when it answers calls)."""
 
     observation: str
     reward: float
     done: bool
     info: dict[str, Any] = field(default_factory=dict)
+    calls: list[ToolCallRecord] = field(default_factory=list)
+    role: ChatRole = "user"
 
 
 class TextEnv(Protocol):

@@ -13,7 +13,8 @@ The engine returns ONE `RolloutBatch` row per episode: the response is the model
 env's replies in order, ``own_mask_BR`` (and so ``loss_mask_BR``) is 1 on the model's own tokens and 0 on the env's,
 ``logprobs_BR`` holds the behaviour log-probs of the model's tokens (0 on env tokens), and
 ``extras`` gains ``env_score`` (the per-turn rewards reduced by ``reward_reduction``),
-``env_turn_rewards``, ``env_turns``, ``env_info``, ``env_parts`` (when the env names the parts of its rewards in
+``env_turn_rewards``, ``env_turns``, ``env_info``, ``env_trace`` (a `toolbox.tracing.episodes.TurnRecord` per
+model turn and env reply: role, text, tokens, timing, tool calls with arguments and results), ``env_parts`` (when the env names the parts of its rewards in
 ``info["parts"]``: each part reduced like the rewards) and, when the env raised, ``env_error``: the
 ``env_score`` reward turns that into a per-sample error. Finish reason: STOP when the env ended the
 episode, LENGTH when a turn or token limit did.
@@ -26,6 +27,7 @@ behaviour policy saw. Env text is tokenized on its own (``add_special_tokens=Fal
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -41,6 +43,7 @@ from toolbox.learner.lora import LoraConfig, check_adapter_sync
 from toolbox.models.loading import load_tokenizer
 from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest, RolloutBatch
 from toolbox.rl.weights import WeightBucket
+from toolbox.tracing.episodes import TRACE_KEY, TurnRecord
 
 INNER = SpecOf(ENGINES, default="hf")
 ENV = SpecOf(TEXT_ENVS, default="tool_env")
@@ -91,6 +94,7 @@ class _Episode:
     last_turn: list[int] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     infos: list[dict[str, Any]] = field(default_factory=list)
+    trace: list[TurnRecord] = field(default_factory=list)
     turns: int = 0
     error: str = ""
     done: bool = False
@@ -129,6 +133,7 @@ class MultiTurnEngine:
         self.pool = cf.ThreadPoolExecutor(max_workers=self.config.env_threads, thread_name_prefix="env")
 
     def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
+        start = time.perf_counter()
         episodes = [self._start(r) for r in requests]
         for turn in range(1, self.config.max_turns + 1):
             for e in episodes:
@@ -137,17 +142,24 @@ class MultiTurnEngine:
             active = [e for e in episodes if not e.done]
             if not active:
                 break
+            called = time.perf_counter()
             batch = self.engine.generate([PromptRequest(e.prompt + e.ids, e.request.group) for e in active], sampling)
-            stepping = []
+            took = time.perf_counter() - called
+            stepping, actions = [], []
             for i, e in enumerate(active):
                 keep = batch.response_mask_BR[i].bool()
                 e.last_turn, e.turns = self._until_stop(batch.response_ids_BR[i][keep].tolist()), turn
                 logprobs = batch.logprobs_BR[i][keep].tolist()[: len(e.last_turn)]
-                if e.append(e.last_turn, logprobs, True, self.config.max_response_tokens):
+                before = len(e.ids)
+                fits = e.append(e.last_turn, logprobs, True, self.config.max_response_tokens)
+                text = self.tokenizer.decode(e.ids[before:], skip_special_tokens=True)
+                e.trace.append(TurnRecord(turn=turn, who="model", role="assistant", text=text,
+                                          tokens=len(e.ids) - before, at_s=called - start, seconds=took))
+                if fits:
                     stepping.append(e)
-            actions = [self.tokenizer.decode(e.last_turn, skip_special_tokens=True) for e in stepping]
-            for e, step in zip(stepping, self.pool.map(_safe_step, [e.env for e in stepping], actions)):
-                self._reply(e, step, turn)
+                    actions.append(text)
+            for e, step in zip(stepping, self.pool.map(_timed_step, [e.env for e in stepping], actions)):
+                self._reply(e, step, turn, start)
         pad = int(self.tokenizer.pad_token_id)
         rows = [PromptRequest(e.prompt, e.request.group, self._extras(e)) for e in episodes]
         return batch_from_samples(rows, [Sample(e.ids, e.logprobs, e.finish, e.mask) for e in episodes], pad)
@@ -176,17 +188,25 @@ class MultiTurnEngine:
             episode.end(FINISH_STOP, f"env reset: {type(err).__name__}: {err}")
         return episode
 
-    def _reply(self, episode: _Episode, step: EnvStep | Exception, turn: int) -> None:
-        """Record the env's answer to turn ``turn`` and append its observation (env tokens, out of the loss)."""
+    def _reply(self, episode: _Episode, stepped: TimedStep, turn: int, start: float) -> None:
+        """Record the env's answer to turn ``turn`` (its tool calls go on the turn's record) and append its
+        observation (env tokens, out of the loss)."""
+        step, began, seconds = stepped
         try:
             if isinstance(step, Exception):
                 raise step
             episode.rewards.append(float(step.reward))
             episode.infos.append(dict(step.info))
+            episode.trace[-1].tool_calls = list(step.calls)
+            before = len(episode.ids)
             if step.done:
                 episode.end(FINISH_STOP)
-                return
-            episode.append(self._encode(step.observation), [], False, self.config.max_response_tokens)
+            else:
+                episode.append(self._encode(step.observation), [], False, self.config.max_response_tokens)
+            text = self.tokenizer.decode(episode.ids[before:], skip_special_tokens=True)
+            episode.trace.append(TurnRecord(turn=turn, who="env", role=step.role, text=text,
+                                            tokens=len(episode.ids) - before, at_s=began - start, seconds=seconds,
+                                            reward=float(step.reward)))
         except Exception as err:  # a broken env or an observation the tokenizer cannot encode: this row's error
             episode.end(FINISH_STOP, f"env step {turn}: {type(err).__name__}: {err}")
 
@@ -206,7 +226,7 @@ class MultiTurnEngine:
         last = self.config.reward_reduction == "last"
         reduce = (lambda r: r[-1] if r else 0.0) if last else sum
         out = {**e.request.extras, "env_score": float(reduce(e.rewards)), "env_turn_rewards": e.rewards,
-               "env_turns": e.turns, "env_info": e.infos}
+               "env_turns": e.turns, "env_info": e.infos, TRACE_KEY: [t.model_dump(mode="json") for t in e.trace]}
         parts: dict[str, float] = {}
         for info in e.infos[-1:] if last else e.infos:  # the named parts of the reward, reduced like it
             for name, value in (info.get("parts") or {}).items():
@@ -222,10 +242,16 @@ class MultiTurnEngine:
         return self.engine.state_dict()
 
 
-def _safe_step(env: TextEnv | None, action: str) -> EnvStep | Exception:
-    """``env.step(action)``, or the exception it raised (reported on the episode's row)."""
+TimedStep = tuple[EnvStep | Exception, float, float]
+
+
+def _timed_step(env: TextEnv | None, action: str) -> TimedStep:
+    """``env.step(action)``, or the exception it raised (reported on the episode's row); when it started
+    (``time.perf_counter``) and how long it took."""
+    began = time.perf_counter()
     try:
         assert env is not None, "stepped an episode whose env was never built"
-        return env.step(action)
+        step: EnvStep | Exception = env.step(action)
     except Exception as err:
-        return err
+        step = err
+    return step, began, time.perf_counter() - began

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
@@ -31,6 +32,7 @@ from toolbox.agents.env import TEXT_ENVS, EnvStep
 from toolbox.agents.parsing import CallFormat, parse_tool_calls
 from toolbox.agents.tools import TOOLS, ToolCall, ToolRunner
 from toolbox.core.registry import Spec, SpecOf
+from toolbox.tracing.episodes import ChatRole, ToolCallRecord
 
 TOOL = SpecOf(TOOLS)
 
@@ -107,13 +109,14 @@ class ToolEnv:
         parsed = parse_tool_calls(action, self.config.formats, self.variables)
         if parsed.error:
             return _step(self._show(self._error(f"could not parse the tool call: {parsed.error}")), False,
-                         {"call_format": self._shaping(action)}, tool_calls=0, tool_errors=1)
+                         {"call_format": self._shaping(action)}, role="tool", tool_calls=0, tool_errors=1)
         if parsed.calls:
-            results = [self.runner.run(self._inject(call)) for call in parsed.calls]
-            ok = all(r.ok for r in results)
+            records = [self._run(call) for call in parsed.calls]
+            ok = all(r.ok for r in records)
             parts = {"call": self._call_reward()} if ok else {"call_format": self._shaping(action)}
-            return _step("".join(self._show(r.text if r.ok else self._error(r.text)) for r in results), False, parts,
-                         tool_calls=len(results), tool_errors=sum(not r.ok for r in results))
+            shown = "".join(self._show(r.result if r.ok else self._error(r.result)) for r in records)
+            return _step(shown, False, parts, records, "tool", tool_calls=len(records),
+                         tool_errors=sum(not r.ok for r in records))
         match = re.fullmatch(self.config.answer_pattern, action)
         correct = match is not None and match.group(1) == self.answer
         shaped = self.called and not correct  # answer shaping pays for reading the tool's result, not guessing
@@ -123,6 +126,14 @@ class ToolEnv:
                                 "answer_chars": c.answer_char_reward * prefix_match(action.strip(), self.answer)
                                 if shaped else 0.0,
                                 "call_format": self._shaping(action)}, correct=correct)
+
+    def _run(self, call: ToolCall) -> ToolCallRecord:
+        """Run one call (with the injected arguments) and record it: tool, arguments, result, time."""
+        call = self._inject(call)
+        start = time.perf_counter()
+        result = self.runner.run(call)
+        return ToolCallRecord(tool=call.name, arguments=call.arguments, result=result.text, ok=result.ok,
+                              seconds=time.perf_counter() - start)
 
     def _inject(self, call: ToolCall) -> ToolCall:
         """``call`` with the ``injected`` variables added as named arguments (a call without arguments gets them all)."""
@@ -152,9 +163,11 @@ class ToolEnv:
 PARTS = ("call", "answer", "call_format", "answer_format", "answer_chars")
 
 
-def _step(observation: str, done: bool, parts: dict[str, float], **info: Any) -> EnvStep:
+def _step(observation: str, done: bool, parts: dict[str, float], calls: list[ToolCallRecord] | None = None,
+          role: ChatRole = "user", **info: Any) -> EnvStep:
     """An `EnvStep` whose reward is the sum of its ``parts``, kept in ``info["parts"]`` with every name of `PARTS`."""
-    return EnvStep(observation, sum(parts.values()), done, {**info, "parts": {**dict.fromkeys(PARTS, 0.0), **parts}})
+    return EnvStep(observation, sum(parts.values()), done, {**info, "parts": {**dict.fromkeys(PARTS, 0.0), **parts}},
+                   calls or [], role)
 
 
 def prefix_match(text: str, target: str) -> float:

@@ -10,19 +10,29 @@ The rows are the formats `toolbox.data.offline` reads (``{"prompt", "response"}`
 ``{"prompt", "chosen", "rejected"}``), duplicates dropped. The prompt is the text the model saw,
 decoded: with a chat-template model it is already rendered, so train on it with
 ``algorithm.use_chat_template=false``.
+
+Multi-turn episodes (samples with ``outputs.turns``) become chat rows: SFT ``{"messages": [...]}`` (the prompt as
+the user's message, then the model's turns as assistant messages and the environment's replies as tool or user
+messages, so SFT trains on the model's turns only); DPO ``{"prompt": [messages], "chosen", "rejected"}``, the
+conversation the two episodes share and the first model turn where they part (a preference between the whole
+trajectories has no single answer to compare; the turn where they part is what decided them). A pair that parts
+at an environment reply is left out. Chat rows are rendered with the tokenizer's chat template when trained on.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from toolbox.core.errors import ConfigError
 from toolbox.tracing.entries import SampleTrace
+from toolbox.tracing.episodes import chat_messages, first_divergence
 
-Row = dict[str, str]
+Row = dict[str, Any]  # strings, or chat messages for an episode
 
 
 def read_samples(path: str | Path) -> list[SampleTrace]:
@@ -51,24 +61,41 @@ def _scored_groups(samples: list[SampleTrace]) -> list[list[SampleTrace]]:
 
 
 def sft_rows(samples: list[SampleTrace], min_reward: float) -> list[Row]:
-    """Rejection sampling: the best response of each group whose reward is at least ``min_reward``."""
+    """Rejection sampling: the best response (or episode, as chat messages) of each group whose reward is at least
+    ``min_reward``."""
     rows = {}
     for group in _scored_groups(samples):
         best = group[0]
         if (best.outputs.reward or 0.0) >= min_reward and best.outputs.response.strip():
-            row = {"prompt": best.inputs.prompt, "response": best.outputs.response}
-            rows[(row["prompt"], row["response"])] = row
+            turns = best.outputs.turns
+            row: Row = {"messages": chat_messages(best.inputs.prompt, turns)} if turns else \
+                {"prompt": best.inputs.prompt, "response": best.outputs.response}
+            rows[json.dumps(row)] = row
     return list(rows.values())
 
 
 def dpo_rows(samples: list[SampleTrace], min_margin: float = 0.0) -> list[Row]:
-    """Best vs worst of each group whose rewards differ by more than ``min_margin`` (and whose texts differ)."""
+    """Best vs worst of each group whose rewards differ by more than ``min_margin`` (and whose texts differ); for
+    episodes, at the first model turn where they part."""
     rows = {}
     for group in _scored_groups(samples):
         best, worst = group[0], group[-1]
         margin = (best.outputs.reward or 0.0) - (worst.outputs.reward or 0.0)
-        if margin > min_margin and best.outputs.response != worst.outputs.response and best.outputs.response.strip() \
-                and worst.outputs.response.strip():
-            row = {"prompt": best.inputs.prompt, "chosen": best.outputs.response, "rejected": worst.outputs.response}
-            rows[tuple(row.values())] = row
+        row = _pair(best, worst) if margin > min_margin else None
+        if row is not None:
+            rows[json.dumps(row)] = row
     return list(rows.values())
+
+
+def _pair(best: SampleTrace, worst: SampleTrace) -> Row | None:
+    """A preference row of two samples of one prompt (``None`` where their texts do not make one)."""
+    if best.outputs.turns or worst.outputs.turns:
+        chosen, rejected = (chat_messages(s.inputs.prompt, s.outputs.turns) for s in (best, worst))
+        at = first_divergence(chosen, rejected)
+        if at is None or not chosen[at]["content"].strip() or not rejected[at]["content"].strip():
+            return None
+        return {"prompt": chosen[:at], "chosen": chosen[at]["content"], "rejected": rejected[at]["content"]}
+    if best.outputs.response == worst.outputs.response or not best.outputs.response.strip() \
+            or not worst.outputs.response.strip():
+        return None
+    return {"prompt": best.inputs.prompt, "chosen": best.outputs.response, "rejected": worst.outputs.response}

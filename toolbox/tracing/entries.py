@@ -2,7 +2,8 @@
 
 A `SampleTrace` is one sampled completion as the rollout side made it and the reward and learner saw it:
 the prompt, the response, its reward (value, three-state status, error reason, the components of a
-composite reward), its advantage and finish reason. They are written to ``RUN_DIR/samples.jsonl`` one per
+composite reward), its advantage and finish reason; for a multi-turn episode, every turn and tool call
+(`toolbox.tracing.episodes`). They are written to ``RUN_DIR/samples.jsonl`` one per
 line and read back (validated) by ``toolbox traces``.
 """
 
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from toolbox.tracing.episodes import TurnRecord
 
 if TYPE_CHECKING:  # the driver imports this module before it needs torch (start-up)
     import torch
@@ -59,6 +62,9 @@ class SampleOutputs(BaseModel):
                                     "per sample when planning the step (GRPO and its variants); null otherwise.")
     trained: bool = Field(True, description="Whether the sample is in the step's update (false: its group was "
                           "dropped by dynamic sampling, or its reward did not score).")
+    turns: list[TurnRecord] = Field(default_factory=list, description="A multi-turn episode's messages after the "
+                                    "prompt, in order (model turns with their tool calls, environment replies); "
+                                    "empty for a single completion.")
 
 
 SAMPLE_COLUMNS = ("step", "rank", "group", "prompt", "response", "reward", "reward_state", "reward_reason",

@@ -24,6 +24,7 @@ from toolbox.tracing.entries import (
     StepSamples,
     TraceRequest,
 )
+from toolbox.tracing.episodes import TRACE_KEY, TurnRecord
 
 
 def recorded_rows(group_B: torch.Tensor, prompts: int) -> torch.Tensor:
@@ -50,15 +51,17 @@ def sample_traces(request: TraceRequest, shards: list[RolloutBatch], results: li
         samples.append(SampleTrace(
             step=request.step, role="rollout", rank=shard % request.rollout_workers,
             timing={"generate_s": shards[shard].seconds, "reward_s": results[shard].seconds},
-            inputs=SampleInputs(prompt=text.prompt, group=int(batch.group_B[row]), extras=text.extras),
-            outputs=_outputs(text.response, batch, rewards, row, advantage_of.get(row), row in trained)))
+            inputs=SampleInputs(prompt=text.prompt, group=int(batch.group_B[row]),
+                                extras={k: v for k, v in text.extras.items() if k != TRACE_KEY}),
+            outputs=_outputs(text.response, batch, rewards, row, advantage_of.get(row), row in trained,
+                             text.extras.get(TRACE_KEY, []))))
     histograms = {"reward": Histogram.of(rewards.values_B[rewards.ok_B]),
                   "advantage": None if advantages is None else Histogram.of(advantages[rewards.ok_B[kept]])}
     return StepSamples(request.step, samples, {k: h for k, h in histograms.items() if h is not None})
 
 
 def _outputs(response: str, batch: RolloutBatch, rewards: RewardResult, row: int, advantage: float | None,
-             trained: bool) -> SampleOutputs:
+             trained: bool, turns: list[dict[str, Any]]) -> SampleOutputs:
     state = RewardStatus(int(rewards.status_B[row]))
     components = getattr(rewards, "components", None) or []
     return SampleOutputs(
@@ -67,4 +70,4 @@ def _outputs(response: str, batch: RolloutBatch, rewards: RewardResult, row: int
         reward=float(rewards.values_B[row]) if state == RewardStatus.OK else None,
         reward_state=state.name.lower(),  # type: ignore[arg-type]  # OK/ABSTAIN/ERROR -> the Literal's values
         reward_reason=rewards.reasons[row], reward_components=components[row] if components else {},
-        advantage=advantage, trained=trained)
+        advantage=advantage, trained=trained, turns=[TurnRecord.model_validate(t) for t in turns])
