@@ -97,6 +97,26 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny", TinyModelConfig(), alphabet)
 
 
+@pytest.fixture(scope="session")
+def tiny_moe_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2MoE (4 experts, top-2, a shared expert) with the tiny model's char tokenizer."""
+    import torch
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    from toolbox.models.loading import load_tokenizer
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    config = Qwen2MoeConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+                            shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=64, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("models") / "tiny_moe"
+    Qwen2MoeForCausalLM(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """One intra-op torch thread for the test (tiny networks: a second thread only adds contention, 5-10x slower

@@ -70,27 +70,8 @@ def test_packed_text_documents_never_attend_across_boundaries(tiny_model_dir: Pa
     assert metrics["documents"] >= 4 and metrics["loss"] > 0
 
 
-@pytest.fixture(scope="module")
-def moe_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Qwen2MoE (4 experts, top-2) with the tiny model's char tokenizer."""
-    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
-
-    from toolbox.models.loading import load_tokenizer
-
-    tok = load_tokenizer(str(tiny_model_dir))
-    config = Qwen2MoeConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
-                            shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                            max_position_embeddings=64, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("moe")
-    Qwen2MoeForCausalLM(config).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
-def test_moe_router_loss_is_added_and_reported(moe_dir: Path) -> None:
-    plain, moe = make_learner(moe_dir, micro=2), make_learner(moe_dir, micro=2, moe_aux_loss_coef=0.5)
+def test_moe_router_loss_is_added_and_reported(tiny_moe_dir: Path) -> None:
+    plain, moe = make_learner(tiny_moe_dir, micro=2), make_learner(tiny_moe_dir, micro=2, moe_aux_loss_coef=0.5)
     records = plain.train_data.step(0, 4)
     base, with_aux = plain.accumulate(records, backward=False), moe.accumulate(records, backward=False)
     assert "moe_aux_loss" not in base and with_aux["moe_aux_loss"] > 0
@@ -102,6 +83,6 @@ def test_moe_router_loss_is_added_and_reported(moe_dir: Path) -> None:
 
 
 def test_moe_coef_on_a_dense_model_is_an_error(tiny_model_dir: Path) -> None:
-    learner = make_learner(tiny_model_dir, moe_aux_loss_coef=0.01)
-    with pytest.raises(ValueError, match=r"algorithm.moe_aux_loss_coef=0.01: Qwen2ForCausalLM returns no aux_loss"):
-        learner.accumulate(learner.train_data.step(0, 4), backward=False)
+    with pytest.raises(ValueError, match=r"algorithm.moe_aux_loss_coef=0.01: Qwen2ForCausalLM is not a "
+                                         r"mixture-of-experts model"):
+        make_learner(tiny_model_dir, moe_aux_loss_coef=0.01)

@@ -1,5 +1,5 @@
 """Small config pieces that algorithm configs compose: group sampling, policy epochs, the loss of each family, KL,
-dynamic sampling, overlong handling, off-policy correction.
+dynamic sampling, overlong handling, off-policy correction, the mixture-of-experts router loss.
 
 An algorithm's config class lists the pieces it uses (``class PPOConfig(AlgorithmConfig, GroupSampling,
 PolicyEpochs, PolicyLossChoice, KL)``), never a sibling algorithm's config: with ``extra="forbid"``,
@@ -112,6 +112,16 @@ class Overlong(Piece):
     overlong_filter: bool = Field(False, description="DAPO: leave responses cut at max_new_tokens out of the loss.")
     overlong_buffer: int = Field(0, ge=0, description="DAPO soft overlong punishment: the last N tokens before the limit.")
     overlong_penalty: float = Field(1.0, ge=0, description="Reward subtracted (linearly over the buffer) at the length limit.")
+
+
+class RouterLossWeight(Piece):
+    """The mixture-of-experts router load-balancing loss every language-model learner adds
+    (`toolbox.learner.router.RouterLoss`)."""
+
+    moe_aux_loss_coef: float = Field(0.0, ge=0, description="Mixture-of-experts models (transformers' Qwen2MoE, "
+                                     "Mixtral, ...): add coef x the router load-balancing loss (Switch Transformer's, "
+                                     "the model's own load_balancing_loss_func) of each training forward to the loss, "
+                                     "reported as moe_aux_loss. 0: off; an error on a dense model.")
 
 
 DEFAULT_TIS_CAP = 2.0  # the cap of the TIS fix's own experiments (Yao et al., 2025)

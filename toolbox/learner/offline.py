@@ -34,10 +34,10 @@ class OfflineLearner:
     load_model: Callable[[str, str], Any] = staticmethod(load_causal_lm)
 
     def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: OfflineDataConfig, total_steps: int,
-                 task: dict[str, Any], seed: int, frozen_reference: bool = False) -> None:
+                 task: dict[str, Any], seed: int, frozen_reference: bool = False, router_loss_coef: float = 0.0) -> None:
         self.cfg, self.data_cfg = cfg, algo
         self.policy = PolicyRank.pretrained(model_path, dtype, cfg, total_steps, frozen_reference=frozen_reference,
-                                            loader=type(self).load_model)
+                                            loader=type(self).load_model, router_loss_coef=router_loss_coef)
         self.rank, self.world = rank(), world()
         self.tokenizer = load_tokenizer(model_path)
         built = TASKS.build(task, inject={"data": algo.data})

@@ -262,7 +262,8 @@ class RowForwards:
         """Forwards for ``policy``'s learner; with ``packing``, first checks that its attention keeps packed
         sequences apart (`check_packing`, collective like every forward); with ``share_prompts`` too, that its
         attention takes the 4-D mask of shared prompts (`check_shared_prompts`), where its kind can
-        (`shared_prompts_unsupported`; where not, the prompts are not shared, and the log says why)."""
+        (`shared_prompts_unsupported`) and no router loss needs a 2-D mask (`toolbox.learner.router`; where not, the
+        prompts are not shared, and the log says why)."""
         config = getattr(policy.model, "config", None)
         pad_id = int(getattr(config, "pad_token_id", None) or 0)
         if not packing:
@@ -270,6 +271,8 @@ class RowForwards:
         vocab = int(config.vocab_size)  # type: ignore[union-attr]
         check_packing(policy.model, vocab)
         why = shared_prompts_unsupported(policy.model) if share_prompts else "learner.share_prompts is off"
+        if why is None and policy.router.on:
+            why = "the mixture-of-experts router loss leaves padding out by a 2-D attention mask"
         if why is not None:
             if share_prompts:
                 log.info("learner.share_prompts: each packed sequence keeps its own prompt copy (%s)", why)

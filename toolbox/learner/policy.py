@@ -1,8 +1,9 @@
 """`PolicyRank`: the policy side of one learner rank, which every algorithm's learner holds (has-a, not is-a).
 
 It owns the trained policy (wrapped by the parallel strategy) with its optimizer and
-schedule, an optional frozen reference, further trained models a learner attaches (PPO's
-critic), the step counter, checkpoints and weight export. The loss and the update belong
+schedule, its mixture-of-experts router loss (`RouterLoss`, inert for a dense model), an
+optional frozen reference, further trained models a learner attaches (PPO's critic), the
+step counter, checkpoints and weight export. The loss and the update belong
 to the learner. Every public method is collective: all ranks call it together.
 """
 
@@ -19,6 +20,7 @@ from toolbox.learner.config import LearnerConfig, OptimConfig
 from toolbox.learner.hf_export import export_state
 from toolbox.learner.lora import AdapterDisabled, add_adapters, export_lora, sync_buckets
 from toolbox.learner.optim import TrainedModel
+from toolbox.learner.router import RouterLoss
 from toolbox.learner.strategy import Placement, full_state_dict, wrap
 from toolbox.models.loading import load_causal_lm
 from toolbox.rl.weights import WeightBucket, pack_state_dict
@@ -28,9 +30,10 @@ class PolicyRank:
     """One rank's policy: model + optimizer + schedule, optional reference, companions, checkpoints, export."""
 
     def __init__(self, model: nn.Module, cfg: LearnerConfig, optimizer_steps: int,
-                 reference: nn.Module | None = None) -> None:
+                 reference: nn.Module | None = None, router_loss_coef: float = 0.0) -> None:
         self.cfg = cfg
         self.trained = TrainedModel(model, cfg.optim, optimizer_steps, cfg.max_bad_steps, "policy")
+        self.router = RouterLoss(model, router_loss_coef)
         self.ref = reference
         self.companions: dict[str, TrainedModel] = {}
         self.step = 0
@@ -41,11 +44,13 @@ class PolicyRank:
     @classmethod
     def pretrained(cls, model_path: str, dtype: str, cfg: LearnerConfig, optimizer_steps: int,
                    frozen_reference: bool = False,
-                   loader: Callable[[str, str], nn.Module] = load_causal_lm) -> PolicyRank:
+                   loader: Callable[[str, str], nn.Module] = load_causal_lm,
+                   router_loss_coef: float = 0.0) -> PolicyRank:
         """A causal LM loaded with ``from_pretrained`` (or by ``loader``) and wrapped by ``cfg.strategy``; with
         ``frozen_reference``, a second, frozen copy of the initial weights wrapped the same way. With ``cfg.lora``
         the model gets LoRA adapters first (only they train) and the reference is the same model with its
-        adapters switched off (`toolbox.learner.lora`)."""
+        adapters switched off (`toolbox.learner.lora`). ``router_loss_coef``: the weight of a mixture-of-experts
+        model's router loss (`RouterLoss`; 0 off, and an error for a dense model)."""
         placement = Placement.of(cfg)  # device, mixed precision, activation checkpointing, offload
         base = loader(model_path, dtype).train()  # ``loader``: another head (a reward model's) on the same base
         model = wrap(base if cfg.lora is None else add_adapters(base, cfg.lora), cfg.strategy, placement)
@@ -54,7 +59,7 @@ class PolicyRank:
             ref = AdapterDisabled(model)  # LoRA: the reference is the base model itself, no second copy
         elif frozen_reference:
             ref = wrap(loader(model_path, dtype).eval().requires_grad_(False), cfg.strategy, placement, frozen=True)
-        policy = cls(model, cfg, optimizer_steps, ref)
+        policy = cls(model, cfg, optimizer_steps, ref, router_loss_coef)
         policy.source, policy.source_dtype, policy.loader = model_path, dtype, loader
         return policy
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
-from toolbox.algorithms.pieces import PreferenceLossChoice, offline_batch
+from toolbox.algorithms.pieces import PreferenceLossChoice, RouterLossWeight, offline_batch
 from toolbox.config.algorithm import AlgorithmConfig, BatchShape, TrainedModels
 from toolbox.data.offline import Kind, OfflineDataConfig
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from toolbox.config.schema import ExperimentConfig
 
 
-class DPOConfig(AlgorithmConfig, OfflineDataConfig, PreferenceLossChoice):
+class DPOConfig(AlgorithmConfig, OfflineDataConfig, PreferenceLossChoice, RouterLossWeight):
     """The algorithm section of an offline DPO experiment (``batch_size`` counts preference pairs)."""
 
     name: Literal["dpo"] = Field("dpo", description="Algorithm: selects the config, learner, loop and wiring.")

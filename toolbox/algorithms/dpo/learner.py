@@ -45,7 +45,8 @@ class DPOLearner(OfflineLearner):
 
     def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: DPOConfig, total_steps: int,
                  task: dict[str, Any], seed: int = 0) -> None:
-        super().__init__(model_path, dtype, cfg, algo, total_steps, task, seed, frozen_reference=True)
+        super().__init__(model_path, dtype, cfg, algo, total_steps, task, seed, frozen_reference=True,
+                         router_loss_coef=algo.moe_aux_loss_coef)
         self.algo = algo
         self.loss = PREFERENCE_LOSSES.build(algo.loss)
 
@@ -57,11 +58,12 @@ class DPOLearner(OfflineLearner):
         pairs = self.encode(records)
         share = global_sum([len(pairs)])[0] / self.world
         sums: dict[str, float] = defaultdict(float)
-        for rows in chunks_of(slice(0, len(pairs)), self.cfg.micro_batch_size):
+        parts = chunks_of(slice(0, len(pairs)), self.cfg.micro_batch_size)
+        for rows in parts:
             chosen, rejected = zip(*pairs[rows])
             batch = pad_examples(list(chosen) + list(rejected), self.tokenizer.pad_token_id)
             loss, terms = self._pair_terms(batch, len(chosen))
-            value = loss.sum() / max(share, 1e-9)
+            value = self.policy.router.add(loss.sum() / max(share, 1e-9), 1.0 / len(parts))
             if backward:
                 value.backward()
             for key, per_pair in terms.items():
@@ -71,7 +73,7 @@ class DPOLearner(OfflineLearner):
         reduced = global_sum([*(sums[k] for k in keys), float(sum(len(c) + len(r) for c, r in pairs))])
         metrics = {k: v / self.world for k, v in zip(keys, reduced)}
         metrics["input_tokens"] = reduced[-1]
-        return metrics
+        return {**metrics, **self.policy.router.metrics()}
 
     def _pair_terms(self, batch: TokenBatch, m: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per-pair losses of a ``2m``-row batch and the detached per-pair metrics."""

@@ -20,6 +20,7 @@ from toolbox.algorithms.pieces import (
     Overlong,
     PolicyEpochs,
     PolicyLossChoice,
+    RouterLossWeight,
     check_off_policy,
     check_rollout_batch,
     rollout_batch,
@@ -34,7 +35,7 @@ POLICY_ROLES = ("rollout", "reward", "learner")  # what the online policy wiring
 
 
 class GRPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, PolicyLossChoice, KL, DynamicSampling, Overlong,
-                 OffPolicy):
+                 OffPolicy, RouterLossWeight):
     """The algorithm section of a GRPO experiment (and its variants)."""
 
     name: Literal["grpo"] = Field("grpo", description="Algorithm: selects the config, learner, loop and wiring.")

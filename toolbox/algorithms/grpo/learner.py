@@ -45,7 +45,7 @@ class GRPOLearner:
     def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: GRPOConfig, total_steps: int) -> None:
         self.cfg, self.algo = cfg, algo
         self.policy = PolicyRank.pretrained(model_path, dtype, cfg, total_steps * algo.ppo_epochs * algo.mini_batches,
-                                            frozen_reference=algo.kl_coef > 0)
+                                            frozen_reference=algo.kl_coef > 0, router_loss_coef=algo.moe_aux_loss_coef)
         self.forwards = RowForwards.of(self.policy, cfg.packing, algo.temperature, cfg.share_prompts)
         self.loss = POLICY_LOSSES.build(algo.loss)
 
@@ -94,7 +94,7 @@ class GRPOLearner:
             self._optimizer_step(mine, mini, (adv_B, plan.valid[r]), (old_logp, ref_logp), float(plan.response_width),
                                  stats)
         self.policy.step += 1
-        return {**mean_stats(stats), **plan.metrics, **self.forwards.metrics()}
+        return {**mean_stats(stats), **plan.metrics, **self.forwards.metrics(), **self.policy.router.metrics()}
 
     def _optimizer_step(self, batch: RolloutBatch, rows: slice, adv_valid: tuple[torch.Tensor, torch.Tensor],
                         old_ref: tuple[torch.Tensor | None, torch.Tensor | None], norm_length: float,
@@ -110,7 +110,8 @@ class GRPOLearner:
         a = self.algo
         # Micro-batch terms are normalised by the mini-batch's counts, so they add up to its value.
         totals: dict[str, float] = defaultdict(float)
-        for mb in chunks_of(rows, self.cfg.micro_batch_size):
+        parts = chunks_of(rows, self.cfg.micro_batch_size)
+        for mb in parts:
             part = batch.select(mb)
             logp = self.forwards.logprobs(self.policy.model, part)
             old = logp.detach() if old_logp is None else old_logp[mb]
@@ -118,8 +119,9 @@ class GRPOLearner:
             x = PolicyInputs(logp, old, adv_B[mb], part.loss_mask_BR, tokens, seqs, norm_length, part.logprobs_BR,
                              a.tis_cap or 0.0)
             terms = policy_objective(self.loss, x, ref, a.kl_coef, a.kl_kind)
-            terms.loss.backward()
-            for k, v in {**terms.metrics, "loss": float(terms.loss.detach())}.items():
+            loss = self.policy.router.add(terms.loss, 1.0 / len(parts))
+            loss.backward()
+            for k, v in {**terms.metrics, "loss": float(loss.detach())}.items():
                 totals[k] += v
         for k, v in {**totals, **self.policy.optimizer_step()}.items():
             stats[k].append(v)

@@ -7,7 +7,13 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import Field
 
 from toolbox.algorithms.grpo.config import POLICY_ROLES
-from toolbox.algorithms.pieces import GroupSampling, PreferenceLossChoice, check_rollout_batch, rollout_batch
+from toolbox.algorithms.pieces import (
+    GroupSampling,
+    PreferenceLossChoice,
+    RouterLossWeight,
+    check_rollout_batch,
+    rollout_batch,
+)
 from toolbox.config.algorithm import PAIR_ROWS, AlgorithmConfig, BatchShape, TrainedModels
 from toolbox.core.errors import ConfigError
 
@@ -15,7 +21,7 @@ if TYPE_CHECKING:
     from toolbox.config.schema import ExperimentConfig
 
 
-class OnlineDPOConfig(AlgorithmConfig, GroupSampling, PreferenceLossChoice):
+class OnlineDPOConfig(AlgorithmConfig, GroupSampling, PreferenceLossChoice, RouterLossWeight):
     """The algorithm section of an online DPO experiment (``group_size`` >= 2 samples per prompt)."""
 
     name: Literal["online_dpo"] = Field("online_dpo", description="Algorithm: selects the config, learner, loop and wiring.")

@@ -47,7 +47,8 @@ class OnlineDPOLearner:
     def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: OnlineDPOConfig, total_steps: int) -> None:
         self.cfg, self.algo = cfg, algo
         # DPO always measures the policy against the frozen reference.
-        self.policy = PolicyRank.pretrained(model_path, dtype, cfg, total_steps, frozen_reference=True)
+        self.policy = PolicyRank.pretrained(model_path, dtype, cfg, total_steps, frozen_reference=True,
+                                            router_loss_coef=algo.moe_aux_loss_coef)
         self.loss = PREFERENCE_LOSSES.build(algo.loss)
 
     def plan(self, shards: list[RolloutBatch], results: list[RewardResult],
@@ -70,22 +71,28 @@ class OnlineDPOLearner:
         chosen, rejected, weight = mine.select(plan.chosen[r]), mine.select(plan.rejected[r]), plan.weight[r]
         ref_c, ref_r = self._ref_seq_logps(chosen), self._ref_seq_logps(rejected)
         totals = {"dpo_loss": 0.0, "pref_accuracy": 0.0, "margin": 0.0}
+        backpropagated = 0.0
         a = self.algo
-        for mb in chunks_of(slice(0, len(chosen)), self.cfg.micro_batch_size):
+        parts = chunks_of(slice(0, len(chosen)), self.cfg.micro_batch_size)
+        for mb in parts:
             pc, pr = (self._seq_logps(self.policy.model, rows.select(mb)) for rows in (chosen, rejected))
             losses = self.loss(PairLogps(pc, pr, ref_c[mb], ref_r[mb]), a.beta)
             w = weight[mb]
             # Normalised by the global number of informative pairs; x world because ranks' gradients are averaged.
-            (losses * w).sum().mul(world() / max(pairs, 1.0)).backward()
+            loss = self.policy.router.add((losses * w).sum().mul(world() / max(pairs, 1.0)), 1.0 / len(parts))
+            loss.backward()
+            backpropagated += float(loss.detach()) / world()
             h = preference_logits(pc.detach(), pr.detach(), ref_c[mb], ref_r[mb])
             totals["dpo_loss"] += float((losses.detach() * w).sum())
             totals["pref_accuracy"] += float(((h > 0).float() * w).sum())
             totals["margin"] += float((a.beta * h * w).sum())
-        stats = self.policy.optimizer_step() if pairs > 0 else {}
-        summed = global_sum(totals.values())
+        # With no informative pair only the router loss (when on) has a gradient: it still steps, nothing is left over.
+        stats = self.policy.optimizer_step() if pairs > 0 or self.policy.router.on else {}
+        *summed, loss_all = global_sum([*totals.values(), backpropagated])
         self.policy.step += 1
         metrics = {k: v / max(pairs, 1.0) for k, v in zip(totals, summed)}
-        metrics.update(stats, pairs=pairs, **plan.metrics)
+        metrics["loss"] = loss_all  # what was back-propagated (DPO and router loss) averaged over ranks
+        metrics.update(stats, pairs=pairs, **plan.metrics, **self.policy.router.metrics())
         return metrics
 
     def _seq_logps(self, model: torch.nn.Module, part: RolloutBatch) -> torch.Tensor:

@@ -14,6 +14,7 @@ from toolbox.algorithms.pieces import (
     OffPolicy,
     PolicyEpochs,
     PolicyLossChoice,
+    RouterLossWeight,
     ValueLossChoice,
     check_off_policy,
     check_rollout_batch,
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
     from toolbox.config.schema import ExperimentConfig
 
 
-class PPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, PolicyLossChoice, ValueLossChoice, KL, OffPolicy):
+class PPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, PolicyLossChoice, ValueLossChoice, KL, OffPolicy,
+                RouterLossWeight):
     """The algorithm section of a language-model PPO experiment (``group_size`` may be 1)."""
 
     name: Literal["ppo"] = Field("ppo", description="Algorithm: selects the config, learner, loop and wiring.")

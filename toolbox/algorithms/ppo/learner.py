@@ -61,7 +61,8 @@ class PPOLearner:
     def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: PPOConfig, total_steps: int) -> None:
         self.cfg, self.algo = cfg, algo
         steps = total_steps * algo.ppo_epochs * algo.mini_batches
-        self.policy = PolicyRank.pretrained(model_path, dtype, cfg, steps, frozen_reference=algo.kl_coef > 0)
+        self.policy = PolicyRank.pretrained(model_path, dtype, cfg, steps, frozen_reference=algo.kl_coef > 0,
+                                            router_loss_coef=algo.moe_aux_loss_coef)
         self.critic = self.policy.attach("critic", wrap(load_value_model(model_path, dtype).train(), cfg.strategy,
                                                          Placement.of(cfg)),
                                          cfg.critic_optim or cfg.optim.model_copy(update={"lr": algo.critic_lr}),
@@ -89,7 +90,7 @@ class PPOLearner:
         for mini in mini_batches(len(rollout.batch), self.algo.ppo_epochs, self.algo.mini_batches):
             self._ppo_step(rollout, mini, stats)
         self.policy.step += 1
-        metrics = {**mean_stats(stats), **plan.metrics, **self.forwards.metrics()}
+        metrics = {**mean_stats(stats), **plan.metrics, **self.forwards.metrics(), **self.policy.router.metrics()}
         metrics["kl"] = 0.0 if kl_BT is None else global_mean(kl_BT, rollout.batch.loss_mask_BR)
         return metrics
 
@@ -123,7 +124,8 @@ class PPOLearner:
         actions, steps, seqs = actions / world(), steps / world(), seqs / world()
         width = float(batch.response_mask_BR.shape[1])
         totals: dict[str, float] = defaultdict(float)
-        for mb in chunks_of(rows, self.cfg.micro_batch_size):
+        parts = chunks_of(rows, self.cfg.micro_batch_size)
+        for mb in parts:
             part = batch.select(mb)
             logp = self.forwards.logprobs(self.policy.model, part)
             old = logp.detach() if ro.old_logp is None else ro.old_logp[mb]
@@ -135,7 +137,7 @@ class PPOLearner:
             values = self.forwards.values(self.critic.module, part)
             vf = aggregate(self.value_loss(values, ro.old_values[mb], ro.ret[mb]), part.response_mask_BR,
                            "token-mean", token_count=steps)
-            loss = terms.loss + a.vf_coef * vf
+            loss = self.policy.router.add(terms.loss + a.vf_coef * vf, 1.0 / len(parts))
             loss.backward()
             terms.metrics.pop("kl")  # the step's KL is measured once, over all its rows (`update`)
             for k, v in {**terms.metrics, "vf_loss": float(vf.detach()), "loss": float(loss.detach())}.items():

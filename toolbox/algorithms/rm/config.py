@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
-from toolbox.algorithms.pieces import offline_batch
+from toolbox.algorithms.pieces import RouterLossWeight, offline_batch
 from toolbox.config.algorithm import AlgorithmConfig, BatchShape, TrainedModels
 from toolbox.core.errors import ConfigError
 from toolbox.data.offline import Kind, OfflineDataConfig
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from toolbox.config.schema import ExperimentConfig
 
 
-class RMConfig(AlgorithmConfig, OfflineDataConfig):
+class RMConfig(AlgorithmConfig, OfflineDataConfig, RouterLossWeight):
     """The algorithm section of a reward-model run (``batch_size`` counts preference pairs)."""
 
     name: Literal["rm"] = Field("rm", description="Algorithm: selects the config, learner, loop and wiring.")

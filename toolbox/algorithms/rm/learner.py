@@ -29,7 +29,8 @@ class RMLearner(DPOLearner):
 
     def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: RMConfig, total_steps: int,
                  task: dict[str, Any], seed: int = 0) -> None:
-        OfflineLearner.__init__(self, model_path, dtype, cfg, algo, total_steps, task, seed)  # no frozen reference
+        OfflineLearner.__init__(self, model_path, dtype, cfg, algo, total_steps, task, seed,  # no frozen reference
+                                router_loss_coef=algo.moe_aux_loss_coef)
         self.algo = algo  # type: ignore[assignment]  # what DPOLearner.encode reads: max_length, chat template
         self.rm = algo
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from toolbox.algorithms.pieces import SupervisedLossChoice, offline_batch
+from toolbox.algorithms.pieces import RouterLossWeight, SupervisedLossChoice, offline_batch
 from toolbox.config.algorithm import AlgorithmConfig, BatchShape
 from toolbox.data.offline import OfflineDataConfig
 
@@ -15,14 +15,11 @@ if TYPE_CHECKING:
     from toolbox.config.schema import ExperimentConfig
 
 
-class SFTConfig(AlgorithmConfig, OfflineDataConfig, SupervisedLossChoice):
+class SFTConfig(AlgorithmConfig, OfflineDataConfig, SupervisedLossChoice, RouterLossWeight):
     """The algorithm section of an SFT experiment (``batch_size`` counts examples)."""
 
     name: Literal["sft"] = Field("sft", description="Algorithm: selects the config, learner, loop and wiring.")
     packing: bool = Field(True, description="Pack several examples per row of max_length tokens (document-bounded attention).")
-    moe_aux_loss_coef: float = Field(0.0, ge=0, description="Mixture-of-experts models (transformers' Qwen2MoE, "
-                                     "Mixtral, ...): add coef x the router load-balancing loss the model returns "
-                                     "(aux_loss), reported as moe_aux_loss. 0: off.")
 
     def check_micro_batch(self, num_workers: int, micro_batch_size: int) -> None:
         """Packed rows are data-dependent in number, so only unpacked batches must split into whole micro-batches."""

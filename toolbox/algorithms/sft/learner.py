@@ -1,4 +1,5 @@
-"""`SFTLearner`: supervised fine-tuning on one rank — masked next-token loss, optional packing.
+"""`SFTLearner`: supervised fine-tuning on one rank — masked next-token loss, optional packing, and a
+mixture-of-experts model's router loss (`toolbox.learner.router.RouterLoss`).
 
 The loss (``algorithm.loss``: `toolbox.objectives.registry.SUPERVISED_LOSSES`) of every micro-batch is divided by
 the *global* count of what the loss averages over (target tokens for ``sft``, documents for ``seq``) of the step, so
@@ -32,7 +33,8 @@ class SFTLearner(OfflineLearner):
 
     def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: SFTConfig, total_steps: int,
                  task: dict[str, Any], seed: int = 0) -> None:
-        super().__init__(model_path, dtype, cfg, algo, total_steps, task, seed)
+        super().__init__(model_path, dtype, cfg, algo, total_steps, task, seed,
+                         router_loss_coef=algo.moe_aux_loss_coef)
         self.algo = algo
         self.loss = SUPERVISED_LOSSES.build(algo.loss)
         if algo.packing:
@@ -57,38 +59,23 @@ class SFTLearner(OfflineLearner):
         norm = norm_all / self.world
         parts = [batch.select(rows) for rows in chunks_of(slice(0, len(batch)), self.cfg.micro_batch_size)]
         parts += [self._empty_batch(batch.packed)] * (int(global_max(len(parts))) - len(parts))
-        loss = aux = 0.0
+        loss = 0.0
         for part in parts:
-            value, part_aux = self._part_loss(part, norm, len(parts))
+            # Ranks run equally many parts, so the router loss / parts averages over every rank's forwards.
+            value = self.policy.router.add(self._part_loss(part, norm), 1.0 / len(parts))
             if backward:
                 value.backward()
-            loss, aux = loss + float(value.detach()), aux + part_aux
+            loss += float(value.detach())
         real = float((batch.doc_ids_BT > 0).sum())
-        loss_all, real_all, slots_all, aux_all = global_sum([loss, real, float(batch.doc_ids_BT.numel()), aux])
-        metrics = {"loss": loss_all / self.world, "tokens": tokens_all, "documents": docs_all,
-                   "input_tokens": real_all, "fill": real_all / max(slots_all, 1.0)}
-        if self.algo.moe_aux_loss_coef:
-            metrics["moe_aux_loss"] = aux_all / (self.world * len(parts))  # mean router loss per forward
-        return metrics
+        loss_all, real_all, slots_all = global_sum([loss, real, float(batch.doc_ids_BT.numel())])
+        return {"loss": loss_all / self.world, "tokens": tokens_all, "documents": docs_all,
+                "input_tokens": real_all, "fill": real_all / max(slots_all, 1.0), **self.policy.router.metrics()}
 
-    def _part_loss(self, part: TokenBatch, norm: float, n_parts: int) -> tuple[torch.Tensor, float]:
-        """One micro-batch's share of the loss (the supervised loss, plus the MoE router loss / ``n_parts`` when
-        enabled; ranks run equally many parts, so the ranks' average is the mean over forwards) and its raw
-        router loss (0 when off)."""
-        a = self.algo
+    def _part_loss(self, part: TokenBatch, norm: float) -> torch.Tensor:
+        """One micro-batch's share of the supervised loss."""
         labels, mask = shift_targets(part.input_ids_BT, part.loss_mask_BT, part.doc_ids_BT)
-        extra = {"output_router_logits": True} if a.moe_aux_loss_coef else {}
-        out = self.policy.model(**part.model_inputs(), **extra)
-        logits = out.logits[:, :-1]
-        value = self.loss(logits, labels, mask, part.doc_ids_BT[:, 1:], norm)
-        if not a.moe_aux_loss_coef:
-            return value, 0.0
-        aux_loss = getattr(out, "aux_loss", None)
-        if aux_loss is None:
-            raise ValueError(f"algorithm.moe_aux_loss_coef={a.moe_aux_loss_coef}: {type(self.policy.model).__name__} "
-                             "returns no aux_loss (not a mixture-of-experts model with output_router_logits); set it "
-                             "to 0")
-        return value + a.moe_aux_loss_coef * aux_loss / n_parts, float(aux_loss.detach())
+        logits = self.policy.model(**part.model_inputs()).logits[:, :-1]
+        return self.loss(logits, labels, mask, part.doc_ids_BT[:, 1:], norm)
 
     def _empty_batch(self, packed: bool) -> TokenBatch:
         """A one-row batch with no target token: keeps this rank's forward/backward count equal to the others'."""
