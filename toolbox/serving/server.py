@@ -70,6 +70,10 @@ class ServedModel:
     def encode(self, prompt: str | list[int]) -> list[int]:
         """Token ids of a text prompt; a token-id prompt is checked against the vocabulary."""
         if isinstance(prompt, str):
+            # A fast tokenizer's Rust backend directly: the same ids, without transformers' per-call Python.
+            backend = getattr(self.tokenizer, "backend_tokenizer", None)
+            if backend is not None:
+                return list(backend.encode(prompt, add_special_tokens=False).ids)
             return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
