@@ -1,11 +1,15 @@
 """Worker groups: N actors of one role in a placement group, with every call bounded by a timeout.
 
 `WorkerGroup` (Ray) and `LocalGroup` (in-process, for tests and ``ray.local_mode``)
-share one interface, which the typed role facades in `toolbox.actors.roles` build on
-(trainers never call a group by method name):
+share one interface, which the typed role facades in `toolbox.actors.roles` build on.
+A call names the worker's method itself, never its name as a string, and each call's
+arguments are an `Args` checked against that method, so the type checker holds the
+arguments and the result type together, and a reader follows a call to the method it runs:
 
-- ``submit(method, args_list, ranks)`` starts one call per entry of ``args_list``
-  (rank ``ranks[i]``, default ``i`` modulo the group size) and returns a `Pending`;
+- ``submit(RolloutWorker.generate, [Args(shard, sampling) for shard in shards], ranks)``
+  starts one call per `Args` (rank ``ranks[i]``, default ``i`` modulo the group size) and
+  returns a `Pending` of the method's result type;
+- ``each(LearnerWorker.save, path)``: the same call on every worker;
 - `toolbox.core.pending.wait` waits for pendings of several groups at once, and
   ``Pending.result()`` fetches one's results;
 - ``call`` is submit + result;
@@ -25,7 +29,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -35,13 +39,41 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from toolbox.core.errors import WorkerError
 from toolbox.core.pending import Kept, Pending, T, deadlines
 
-Args = tuple[Any, ...]
+P = ParamSpec("P")
+R = TypeVar("R")
+W = TypeVar("W", covariant=True)  # the workers' class: a group of RolloutWorkers runs any method a RolloutWorker has
 
 
-def _plan(args_list: Sequence[Args] | None, ranks: Sequence[int] | None, size: int) -> tuple[list[Args], list[int]]:
-    args = list(args_list) if args_list is not None else [() for _ in range(size)]
-    targets = [r % size for r in ranks] if ranks is not None else [i % size for i in range(len(args))]
-    return args, targets
+class Args(Generic[P]):
+    """The arguments of one call of a worker method: ``Args(shard, sampling)``. Given to a group with the method
+    (``group.submit(RolloutWorker.generate, [Args(shard, sampling)])``), they are checked against its signature."""
+
+    __slots__ = ("args", "kwargs")
+
+    def __init__(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        self.args, self.kwargs = args, kwargs
+
+    def __repr__(self) -> str:
+        return f"Args(*{self.args!r}, **{self.kwargs!r})"
+
+
+Method = Callable[Concatenate[W, P], R]  # an unbound method of the workers' class: ``RolloutWorker.generate``
+
+
+def method_name(method: Callable[..., Any], worker: Any) -> str:
+    """The name a worker ``method`` is called by; a method ``worker`` (a class or an instance) lacks is a
+    `TypeError` naming both, raised at the call site rather than inside an actor."""
+    name = getattr(method, "__name__", None)
+    if not isinstance(name, str) or not callable(getattr(worker, name, None)):
+        owner = worker if isinstance(worker, type) else type(worker)
+        raise TypeError(f"{getattr(method, '__qualname__', method)!r} is not a method of {owner.__name__}: a group "
+                        "calls its workers' own methods (group.submit(RolloutWorker.generate, ...))")
+    return name
+
+
+def _plan(calls: Sequence[Args[Any]], ranks: Sequence[int] | None, size: int) -> tuple[list[Args[Any]], list[int]]:
+    targets = [r % size for r in ranks] if ranks is not None else [i % size for i in range(len(calls))]
+    return list(calls), targets
 
 
 class RayWaiter:
@@ -106,7 +138,7 @@ class LocalFailure:
         self.error = error
 
 
-def _failed_input(args: Args) -> WorkerError | None:
+def _failed_input(args: tuple[Any, ...]) -> WorkerError | None:
     """The error of the first failed call among ``args`` (a handle, or a list of handles)."""
     for arg in args:
         for handle in arg if isinstance(arg, (list, tuple)) else (arg,):
@@ -145,10 +177,10 @@ def reserve(bundle: dict[str, float], n: int, strategy: str, timeout_s: float,
     return pg
 
 
-class WorkerGroup:
+class WorkerGroup(Generic[W]):
     """``num_workers`` Ray actors of ``cls`` for one ``role``, placed in one placement group."""
 
-    def __init__(self, role: str, cls: type, num_workers: int, make_kwargs: Callable[[int], dict[str, Any]],
+    def __init__(self, role: str, cls: type[W], num_workers: int, make_kwargs: Callable[[int], dict[str, Any]],
                  timeout_s: float, cpus: float = 1.0, gpus: float = 0.0, env: dict[str, str] | None = None,
                  placement_timeout_s: float = 60.0, placement: tuple[PlacementGroup, int] | None = None,
                  resources: dict[str, float] | None = None, strategy: str = "PACK", max_restarts: int = 0,
@@ -164,7 +196,7 @@ class WorkerGroup:
 
         ``wait=False`` returns as soon as the actors are created, their constructors (model loading) still
         running, so several groups start at once; `started` waits for them (calls may be submitted before)."""
-        self.role, self.timeout_s = role, timeout_s
+        self.role, self.timeout_s, self.cls = role, timeout_s, cls
         self.nodes: list[str | None] = [None] * num_workers
         self.owns_pg = placement is None
         self.resources = dict(resources or {})
@@ -187,7 +219,7 @@ class WorkerGroup:
         # After the workers, so they take the worker processes Ray started ahead; they ask it only after a restart
         self.supervisor = _start_supervisor(name) if name else None
         self.replacements, self.max_replacements = 0, 0  # `replace_all`: times done, times allowed
-        self.on_replace: Callable[[WorkerGroup], None] | None = None  # sets new workers up as at start
+        self.on_replace: Callable[[WorkerGroup[W]], None] | None = None  # sets new workers up as at start
         self._ready: Pending[Any] | None = None
         if wait:
             self._started()
@@ -195,13 +227,14 @@ class WorkerGroup:
             self._submit_ready()
 
     def _submit_ready(self) -> None:
-        self._ready = self.submit("ready", timeout_s=self.start_s)
+        # Every worker class has ``ready`` (`toolbox.actors.resolve.node_info`); the group knows no common base.
+        self._ready = self._submit("ready", [Args()] * len(self.actors), None, self.start_s, False)
 
     def _started(self) -> None:
         self._submit_ready()
         self.started()
 
-    def started(self) -> WorkerGroup:
+    def started(self) -> WorkerGroup[W]:
         """Wait (once) until every actor's constructor is done; record the node and bundle each runs in."""
         if self._ready is None:
             return self
@@ -242,24 +275,36 @@ class WorkerGroup:
     def __len__(self) -> int:
         return len(self.actors)
 
-    def submit(self, method: str, args_list: Sequence[Args] | None = None, ranks: Sequence[int] | None = None,
-               timeout_s: float | None = None, bulk: bool = False) -> Pending[Any]:
-        args, targets = _plan(args_list, ranks, len(self.actors))
-        refs = [getattr(self.actors[r], method).remote(*a) for r, a in zip(targets, args)]
-        return Pending(refs, targets, method, self.role, self.nodes, timeout_s or self.timeout_s, RAY_WAITER, bulk)
+    def submit(self, method: Method[W, P, R], calls: Sequence[Args[P]], ranks: Sequence[int] | None = None,
+               timeout_s: float | None = None, bulk: bool = False) -> Pending[R]:
+        """One call of ``method`` per entry of ``calls``, on rank ``ranks[i]`` (default ``i`` modulo the group)."""
+        return self._submit(method_name(method, self.cls), calls, ranks, timeout_s, bulk)
 
-    def submit_parts(self, method: str, args_list: Sequence[Args], parts: int, bulk: bool = False) -> list[Pending[Any]]:
+    def _submit(self, name: str, calls: Sequence[Args[Any]], ranks: Sequence[int] | None, timeout_s: float | None,
+                bulk: bool) -> Pending[Any]:
+        args, targets = _plan(calls, ranks, len(self.actors))
+        refs = [getattr(self.actors[r], name).remote(*a.args, **a.kwargs) for r, a in zip(targets, args)]
+        return Pending(refs, targets, name, self.role, self.nodes, timeout_s or self.timeout_s, RAY_WAITER, bulk)
+
+    def each(self, method: Method[W, P, R], *args: P.args, **kwargs: P.kwargs) -> Pending[R]:
+        """The same call of ``method`` on every worker, in rank order."""
+        return self.submit(method, [Args(*args, **kwargs)] * len(self.actors))
+
+    def submit_parts(self, method: Method[W, P, Any], calls: Sequence[Args[P]], parts: int,
+                     bulk: bool = False) -> list[Pending[Any]]:
         """Like `submit`, for a method that returns a tuple of ``parts`` results: Ray stores each part as an object
         of its own (``num_returns``), so each may be passed on alone. One pending per part."""
-        args, targets = _plan(args_list, None, len(self.actors))
-        calls = [getattr(self.actors[r], method).options(num_returns=parts).remote(*a) for r, a in zip(targets, args)]
-        refs = [c if parts > 1 else [c] for c in calls]  # one return: Ray hands back the ref itself
-        return [Pending([r[j] for r in refs], targets, method, self.role, self.nodes, self.timeout_s, RAY_WAITER, bulk)
+        name = method_name(method, self.cls)
+        args, targets = _plan(calls, None, len(self.actors))
+        started = [getattr(self.actors[r], name).options(num_returns=parts).remote(*a.args, **a.kwargs)
+                   for r, a in zip(targets, args)]
+        refs = [c if parts > 1 else [c] for c in started]  # one return: Ray hands back the ref itself
+        return [Pending([r[j] for r in refs], targets, name, self.role, self.nodes, self.timeout_s, RAY_WAITER, bulk)
                 for j in range(parts)]
 
-    def call(self, method: str, args_list: Sequence[Args] | None = None, ranks: Sequence[int] | None = None,
-             timeout_s: float | None = None) -> list[Any]:
-        return self.submit(method, args_list, ranks, timeout_s).result()
+    def call(self, method: Method[W, P, R], calls: Sequence[Args[P]], ranks: Sequence[int] | None = None,
+             timeout_s: float | None = None) -> list[R]:
+        return self.submit(method, calls, ranks, timeout_s).result()
 
     def hold(self, kept: Kept[T]) -> Pending[T]:
         """Results kept by value (`Pending.keep`), put in the object store: later calls take them as they take the
@@ -294,46 +339,54 @@ def _start_supervisor(name: str) -> Any:
     return ray.remote(Supervisor).options(name=name, num_cpus=0, scheduling_strategy=here).remote()
 
 
-class LocalGroup:
+class LocalGroup(Generic[W]):
     """In-process stand-in for `WorkerGroup`: same methods; calls run eagerly in ``submit``, and one that raises
-    fails its `Pending` (the wait raises it; a call given its result fails with the same error, unrun)."""
+    fails its `Pending` (the wait raises it; a call given its result fails with the same error, unrun). The workers
+    may be test fakes that have the methods called by name, not the class they come from."""
 
     timeout_s = 0.0  # calls run eagerly at submit: no deadline
 
-    def __init__(self, role: str, workers: list[Any]) -> None:
-        self.role, self.workers = role, workers
+    def __init__(self, role: str, workers: Sequence[W]) -> None:
+        self.role, self.workers = role, list(workers)
 
     def __len__(self) -> int:
         return len(self.workers)
 
-    def submit(self, method: str, args_list: Sequence[Args] | None = None, ranks: Sequence[int] | None = None,
-               timeout_s: float | None = None, bulk: bool = False) -> Pending[Any]:
-        args, targets = _plan(args_list, ranks, len(self.workers))
-        out = []
-        for r, a in zip(targets, args):
-            # As Ray does for actor calls: a top-level ObjectRef argument arrives as its value
-            # (workers may put into the object store whenever Ray is up, local mode or not).
-            a = tuple(ray.get(x) if isinstance(x, ray.ObjectRef) else x for x in a)
-            upstream = _failed_input(a)
-            if upstream is not None:
-                out.append(LocalFailure(upstream))
-                continue
-            try:
-                out.append(getattr(self.workers[r], method)(*a))
-            except Exception as err:
-                failure = WorkerError(self.role, r, "local", f"{method} raised: {type(err).__name__}: {err}")
-                failure.__cause__ = err
-                out.append(LocalFailure(failure))
-        return Pending(out, targets, method, self.role, ["local"] * len(self.workers), 0.0, LOCAL_WAITER, bulk)
+    def submit(self, method: Method[W, P, R], calls: Sequence[Args[P]], ranks: Sequence[int] | None = None,
+               timeout_s: float | None = None, bulk: bool = False) -> Pending[R]:
+        args, targets = _plan(calls, ranks, len(self.workers))
+        name = method_name(method, self.workers[targets[0]]) if targets else getattr(method, "__name__", "")
+        out = [self._run(name, r, a) for r, a in zip(targets, args)]
+        return Pending(out, targets, name, self.role, ["local"] * len(self.workers), 0.0, LOCAL_WAITER, bulk)
 
-    def submit_parts(self, method: str, args_list: Sequence[Args], parts: int, bulk: bool = False) -> list[Pending[Any]]:
-        whole = self.submit(method, args_list, bulk=bulk)
+    def _run(self, name: str, rank: int, call: Args[Any]) -> Any:
+        """Call ``name`` on worker ``rank``: its result, or the `LocalFailure` of it (or of an input) raising."""
+        # As Ray does for actor calls: a top-level ObjectRef argument arrives as its value
+        # (workers may put into the object store whenever Ray is up, local mode or not).
+        a = tuple(ray.get(x) if isinstance(x, ray.ObjectRef) else x for x in call.args)
+        upstream = _failed_input(a)
+        if upstream is not None:
+            return LocalFailure(upstream)
+        try:
+            return getattr(self.workers[rank], name)(*a, **call.kwargs)
+        except Exception as err:
+            failure = WorkerError(self.role, rank, "local", f"{name} raised: {type(err).__name__}: {err}")
+            failure.__cause__ = err
+            return LocalFailure(failure)
+
+    def each(self, method: Method[W, P, R], *args: P.args, **kwargs: P.kwargs) -> Pending[R]:
+        """The same call of ``method`` on every worker, in rank order."""
+        return self.submit(method, [Args(*args, **kwargs)] * len(self.workers))
+
+    def submit_parts(self, method: Method[W, P, Any], calls: Sequence[Args[P]], parts: int,
+                     bulk: bool = False) -> list[Pending[Any]]:
+        whole = self.submit(method, calls, bulk=bulk)
         return [replace(whole, handles=[h if isinstance(h, LocalFailure) else h[j] for h in whole.handles])
                 for j in range(parts)]
 
-    def call(self, method: str, args_list: Sequence[Args] | None = None, ranks: Sequence[int] | None = None,
-             timeout_s: float | None = None) -> list[Any]:
-        return self.submit(method, args_list, ranks).result()
+    def call(self, method: Method[W, P, R], calls: Sequence[Args[P]], ranks: Sequence[int] | None = None,
+             timeout_s: float | None = None) -> list[R]:
+        return self.submit(method, calls, ranks).result()
 
     def hold(self, kept: Kept[T]) -> Pending[T]:
         """Results kept by value (`Pending.keep`): in-process handles are the values themselves."""

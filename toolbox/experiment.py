@@ -327,8 +327,11 @@ class ExperimentBuilder:
 
 def join_process_group(group: Any, timeout_s: float) -> None:
     """Rank 0 picks a free port on its node; every rank joins the process group there and builds its learner."""
-    addr, port = group.call("rendezvous", [()], ranks=[0])[0]
-    group.call("setup", [(addr, port, timeout_s)] * len(group))
+    from toolbox.actors.group import Args
+    from toolbox.actors.learner import LearnerWorker
+
+    addr, port = group.call(LearnerWorker.rendezvous, [Args()], ranks=[0])[0]
+    group.each(LearnerWorker.setup, addr, port, timeout_s).result()
 
 
 def role_size(cfg: ExperimentConfig, role: str) -> tuple[int, float, float]:

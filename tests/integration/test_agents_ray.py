@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from toolbox.actors.learner import LearnerWorker
+from toolbox.actors.rollout import RolloutWorker
 
 from toolbox.config import load_config
 from toolbox.experiment import ExperimentBuilder
@@ -32,10 +34,10 @@ def test_tool_recipe_trains_two_steps(ray_session: None, tmp_path: Path) -> None
         assert summary["steps"] == 2
         # Every episode was scored: an env or reward failure would make the step's mean reward NaN or raise.
         assert math.isfinite(summary["reward_first_10pct"]) and math.isfinite(summary["reward_last_10pct"])
-        learner_sd = trainer.learner.group.call("full_state_dict")[0]
+        learner_sd = trainer.learner.group.each(LearnerWorker.full_state_dict).result()[0]
         initial = load_causal_lm(builder.model_path).state_dict()
         assert any(not torch.equal(learner_sd[k], initial[k]) for k in initial), "the learner did not train"
-        rollout_sd = trainer.rollout.group.call("state_dict")[0]  # the multi_turn engine forwards weight sync
+        rollout_sd = trainer.rollout.group.each(RolloutWorker.state_dict).result()[0]  # the multi_turn engine forwards weight sync
         assert all(torch.equal(rollout_sd[k], v) for k, v in learner_sd.items())
     finally:
         builder.shutdown()

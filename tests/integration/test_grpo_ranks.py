@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from toolbox.actors.group import WorkerGroup
+from toolbox.actors.group import Args, WorkerGroup
 from toolbox.actors.learner import LearnerWorker
 
 from tests.unit.learner_steps import online_step
@@ -47,15 +47,15 @@ def test_two_fsdp2_ranks_update_like_one(ray_session: None, tiny_model_dir: Path
         rank=r, world_size=2, build=partial(GRPOLearner, path, "float32", cfg, algo, 1), distributed=True),
         timeout_s=120, cpus=0.5)
     try:
-        addr, port = group.call("rendezvous", [()], ranks=[0])[0]
-        group.call("setup", [(addr, port, 120)] * 2)
+        addr, port = group.call(LearnerWorker.rendezvous, [Args()], ranks=[0])[0]
+        group.each(LearnerWorker.setup, addr, port, 120).result()
         shards = batch.split(2)
         shard_refs = [ray.put(s) for s in shards]
         reward_refs = [ray.put(rewards.select(torch.arange(i * 16, (i + 1) * 16))) for i in range(2)]
-        plan = group.call("plan", [(shard_refs, reward_refs, None)], ranks=[0])[0]
+        plan = group.call(LearnerWorker.plan, [Args(shard_refs, reward_refs, None)], ranks=[0])[0]
         assert [plan.shards_for(r) for r in range(2)] == [[0], [1]]  # each rank fetches only its own shard
-        per_rank = group.call("update_planned", [(plan, shard_refs)] * 2)
-        two = group.call("full_state_dict")[0]
+        per_rank = group.each(LearnerWorker.update_planned, plan, shard_refs).result()
+        two = group.each(LearnerWorker.full_state_dict).result()[0]
     finally:
         group.shutdown()
     # Each rank's loss is its share of the global normalisation, so the ranks' mean is the global loss.

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import ray
 import torch
-from toolbox.actors.group import WorkerGroup
+from toolbox.actors.group import Args, WorkerGroup
+from toolbox.actors.learner import LearnerWorker
+from toolbox.actors.rollout import RolloutWorker
 
 from toolbox.config import load_config
 from toolbox.core.errors import WorkerError
@@ -86,10 +88,10 @@ def test_rollout_weights_equal_learner_bit_for_bit_and_the_driver_holds_no_batch
     with counted_run(tmp_path / "small", 8, monkeypatch) as (builder, trainer, summary, small, small_waits):
         assert summary["steps"] == 3
         # The full-state gather is collective: every rank takes part, rank 0 gets the tensors.
-        learner_sd = trainer.learner.group.call("full_state_dict")[0]
+        learner_sd = trainer.learner.group.each(LearnerWorker.full_state_dict).result()[0]
         initial = load_causal_lm(builder.model_path).state_dict()
         assert any(not torch.equal(learner_sd[k], initial[k]) for k in initial), "the learner did not train"
-        for rank, rollout_sd in enumerate(trainer.rollout.group.call("state_dict")):
+        for rank, rollout_sd in enumerate(trainer.rollout.group.each(RolloutWorker.state_dict).result()):
             assert rollout_sd.keys() == learner_sd.keys()
             for name, tensor in learner_sd.items():
                 assert torch.equal(rollout_sd[name], tensor), f"rollout rank {rank}: {name} differs from the learner"
@@ -118,7 +120,7 @@ def test_stuck_worker_raises_naming_role_rank_and_node(ray_session: None) -> Non
     group = WorkerGroup("sleeper", Sleeper, 2, lambda r: {}, timeout_s=1.5, cpus=0.1)
     try:
         with pytest.raises(WorkerError, match=r"sleeper rank 1 on node [0-9.]+: nap did not finish within 1.5s"):
-            group.call("nap", [(0.0,), (30.0,)])
+            group.call(Sleeper.nap, [Args(0.0), Args(30.0)])
     finally:
         group.shutdown()
 
@@ -141,6 +143,6 @@ def test_dead_worker_raises_naming_role_and_rank(ray_session: None) -> None:
         ray.kill(group.actors[0], no_restart=True)
         _wait_until_dead(group.actors[0])
         with pytest.raises(WorkerError, match=r"sleeper rank 0 on node [0-9.]+: nap died"):
-            group.call("nap", [(0.0,), (0.0,)])
+            group.call(Sleeper.nap, [Args(0.0), Args(0.0)])
     finally:
         group.shutdown()

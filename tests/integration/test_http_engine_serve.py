@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from toolbox.actors.learner import LearnerWorker
 
 from toolbox.config import load_config
 from toolbox.core.events import Event
@@ -100,7 +101,7 @@ def serve(model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *opti
 
 def learner_digest(trainer: Any, model: torch.nn.Module) -> str:
     """The server's digest recipe over the learner's weights (loaded into a model like the served one)."""
-    model.load_state_dict(trainer.learner.group.call("full_state_dict")[0], strict=True)
+    model.load_state_dict(trainer.learner.group.each(LearnerWorker.full_state_dict).result()[0], strict=True)
     return state_digest(model)
 
 

@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent("""
         idle = {p.pid for p in psutil.Process().children(recursive=True) if p.name() == "ray::IDLE"}
         time.sleep(0.2)
     group = WorkerGroup("rollout", Probe, 2, lambda r: {}, timeout_s=120, cpus=0.01, env=actor_env())
-    reports = group.call("report")
+    reports = group.each(Probe.report).result()
     print(json.dumps({"driver": os.environ["TOKENIZERS_PARALLELISM"], "idle": sorted(idle), "env": actor_env(),
                       "workers": reports}))
     ray.shutdown()

@@ -8,6 +8,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from toolbox.actors.env_runner import EnvRunnerWorker
+from toolbox.actors.learner import LearnerWorker
 
 from toolbox.config import load_config
 from toolbox.experiment import ExperimentBuilder
@@ -46,8 +48,8 @@ def test_two_runners_and_a_learner_beat_a_random_policy(ray_session: None, tmp_p
         assert summary["env_steps"] == 12 * 2 * 4 * 128
         assert np.isfinite([m["value_loss"] for m in trainer.history]).all()
         # The runners act with exactly the learner's weights and normalisation statistics.
-        learner_sd = trainer.learner.group.call("full_state_dict")[0]
-        for rank, runner_sd in enumerate(trainer.runners.group.call("state_dict")):
+        learner_sd = trainer.learner.group.each(LearnerWorker.full_state_dict).result()[0]
+        for rank, runner_sd in enumerate(trainer.runners.group.each(EnvRunnerWorker.state_dict).result()):
             for name, tensor in learner_sd.items():
                 assert torch.equal(runner_sd[name], tensor), f"runner {rank}: {name} differs from the learner"
     finally:

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import ray
 import torch
+from toolbox.actors.learner import LearnerWorker
+from toolbox.actors.rollout import RolloutWorker
 
 from toolbox.config import load_config
 from toolbox.core.errors import WorkerError
@@ -59,11 +61,11 @@ def test_killed_rollout_and_reward_workers_are_restarted_with_current_weights(ra
     def generate_then_kill(*args: Any, **kwargs: Any) -> Any:
         if trainer.step != 1:
             return generate(*args, **kwargs)
-        current.append(trainer.learner.group.call("full_state_dict")[0])
+        current.append(trainer.learner.group.each(LearnerWorker.full_state_dict).result()[0])
         pid = pid_of(rollout.actors[0])  # asked first: an actor answers calls in order
         pending = generate(*args, **kwargs)
         killed["rollout"] = sigkill(pid)  # step 2's generate is in flight: Ray runs it again on a new process
-        held.append(rollout.submit("state_dict"))  # queued right behind the retried generate
+        held.append(rollout.each(RolloutWorker.state_dict))  # queued right behind the retried generate
         return pending
 
     def score_then_kill(*args: Any) -> Any:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from toolbox.actors.learner import LearnerWorker
 
 from toolbox.config import load_config
 from toolbox.experiment import ExperimentBuilder
@@ -22,7 +23,7 @@ def one_step(tmp_path: Path, experiment: str, *overrides: str) -> tuple[dict[str
     try:
         trainer = builder.build_trainer()
         trainer.fit()
-        return trainer.learner.group.call("full_state_dict")[0], trainer.history[0], builder.model_path
+        return trainer.learner.group.each(LearnerWorker.full_state_dict).result()[0], trainer.history[0], builder.model_path
     finally:
         builder.shutdown()
 

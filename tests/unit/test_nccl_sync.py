@@ -135,10 +135,10 @@ class TimedGroup(LocalGroup):
         super().__init__(role, workers)
         self.timeout_s, self.deadlines = timeout_s, {}
 
-    def submit(self, method: str, args_list: Any = None, ranks: Any = None, timeout_s: float | None = None,
+    def submit(self, method: Any, calls: Any, ranks: Any = None, timeout_s: float | None = None,
                bulk: bool = False) -> Pending[Any]:
-        self.deadlines[method] = timeout_s
-        return super().submit(method, args_list, ranks, timeout_s, bulk)
+        self.deadlines[method.__name__] = timeout_s
+        return super().submit(method, calls, ranks, timeout_s, bulk)
 
 
 def test_send_deadline_covers_a_generate_it_waits_behind() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from toolbox.actors.group import LocalGroup
+from toolbox.actors.group import Args, LocalGroup
 from toolbox.actors.roles import PolicyLearnerGroup, RewardGroup, RolloutGroup
 
 from toolbox.algorithms.grpo.config import GRPOConfig
@@ -246,11 +246,17 @@ def test_local_group_routes_ranks_and_wraps_errors() -> None:
 
     group = LocalGroup("reward", [Echo(0), Echo(1), Echo(2)])
     assert len(group) == 3
-    assert group.call("who") == [(0, 0), (1, 0), (2, 0)]
-    assert group.call("who", [(5,), (6,)], ranks=[2, 4]) == [(2, 5), (1, 6)]
-    assert group.call("who", [(1,)] * 4) == [(0, 1), (1, 1), (2, 1), (0, 1)]  # wraps around the group
+    assert group.each(Echo.who).result() == [(0, 0), (1, 0), (2, 0)]
+    assert group.call(Echo.who, [Args(5), Args(x=6)], ranks=[2, 4]) == [(2, 5), (1, 6)]
+    assert group.call(Echo.who, [Args(1)] * 4) == [(0, 1), (1, 1), (2, 1), (0, 1)]  # wraps around the group
     with pytest.raises(WorkerError, match=r"reward rank 2 on node local: who raised: ValueError: negative"):
-        group.call("who", [(-1,)], ranks=[2])
+        group.call(Echo.who, [Args(-1)], ranks=[2])
+
+    class Other:
+        def hello(self) -> None: ...
+
+    with pytest.raises(TypeError, match=r"Other\.hello' is not a method of Echo"):  # caught at the call site
+        group.each(Other.hello)  # type: ignore[arg-type]
 
 
 class CountingTrainer(BaseTrainer):
