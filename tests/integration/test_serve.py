@@ -170,3 +170,28 @@ def test_weight_update_changes_digest_and_outputs(tiny_model_dir: Path) -> None:
         after = http_json("GET", f"{root}/v1/toolbox/weights/digest", KEY)[1]["sha256"]
         assert after != before
         assert client.completions.create(**greedy).choices[0].text != before_text
+
+
+def test_top_k_one_is_greedy_and_a_bad_top_k_is_a_400(client: openai.OpenAI) -> None:
+    base: dict[str, Any] = {"model": MODEL, "prompt": "12+34=", "max_tokens": 12, "extra_body": {"ignore_eos": True}}
+    greedy = client.completions.create(**base, temperature=0.0).choices[0].text
+    hot = {**base, "extra_body": {"ignore_eos": True, "top_k": 1}}
+    assert [client.completions.create(**hot, temperature=1.5, seed=s).choices[0].text for s in (1, 2)] == [greedy] * 2
+    with pytest.raises(openai.BadRequestError, match="top_k must be -1, 0") as bad:
+        client.completions.create(**{**base, "extra_body": {"top_k": -2}})
+    assert bad.value.body["param"] == "top_k"  # type: ignore[index]
+
+
+def test_streams_that_join_a_busy_batch_match_their_whole_responses_stop_strings_included(
+        client: openai.OpenAI) -> None:
+    def ask(i: int) -> tuple[str, str, str | None]:
+        kwargs: dict[str, Any] = {"model": MODEL, "prompt": f"{i}+{i + 1}=", "max_tokens": 12 + i, "seed": i,
+                                  "stop": ["5"], "extra_body": {"ignore_eos": True}}
+        whole = client.completions.create(**kwargs).choices[0].text
+        chunks = list(client.completions.create(**kwargs, stream=True))
+        return whole, "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(8)))
+    assert all(whole == streamed and "5" not in streamed for whole, streamed, _ in answers)
+    assert {finish for _, _, finish in answers} == {"stop", "length"}  # both kinds of ending were streamed

@@ -52,11 +52,10 @@ class SlotDecoder(Decoder, Protocol):
     filled: int
 
 
-def running_kv(model: Any, max_rows: int, pad_id: int) -> RunningKV:
-    """`SlotKV` where the lean loop has a decoder for ``model`` with a tensor cache, else `DynamicKV`.
-
-    Outside inference mode: `forward_for` may move the model's weights."""
-    decoder = forward_for(model, "auto", max_rows, 64)
+def running_kv(model: Any, max_rows: int, pad_id: int, slots: int = 64) -> RunningKV:
+    """`SlotKV` (starting with ``slots`` slots) where the lean loop has a decoder for ``model`` with a tensor
+    cache, else `DynamicKV`. Outside inference mode: `forward_for` may move the model's weights."""
+    decoder = forward_for(model, "auto", max_rows, slots)
     if isinstance(getattr(decoder, "cache", None), torch.Tensor):
         return SlotKV(cast(SlotDecoder, decoder), pad_id)
     return DynamicKV(model, pad_id)
