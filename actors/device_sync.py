@@ -15,7 +15,7 @@ import logging
 from toolbox.core.pending import wait
 from toolbox.engines.nccl_sync import Wire, plan_group
 
-from .group import Args
+from .calls import Args
 from .learner import LearnerWorker
 from .roles import LearnerGroupBase, RolloutGroup
 from .rollout import RolloutWorker

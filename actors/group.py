@@ -20,148 +20,37 @@ when that result is ready, so calls chain without the driver waiting in between.
 Workers return their bulk results themselves (Ray stores them; the driver holds refs).
 A call that overruns its role's timeout, or an actor that dies or raises, becomes a
 `WorkerError` naming the role, the rank and the node: the run fails loudly instead of
-hanging.
+hanging (`toolbox.actors.calls` waits and names the failure).
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+from typing import Any, Generic
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from toolbox.core.errors import WorkerError
-from toolbox.core.pending import Kept, Pending, T, deadlines
+from toolbox.core.pending import Kept, Pending, T
 
-P = ParamSpec("P")
-R = TypeVar("R")
-W = TypeVar("W", covariant=True)  # the workers' class: a group of RolloutWorkers runs any method a RolloutWorker has
-
-
-class Args(Generic[P]):
-    """The arguments of one call of a worker method: ``Args(shard, sampling)``. Given to a group with the method
-    (``group.submit(RolloutWorker.generate, [Args(shard, sampling)])``), they are checked against its signature."""
-
-    __slots__ = ("args", "kwargs")
-
-    def __init__(self, *args: P.args, **kwargs: P.kwargs) -> None:
-        self.args, self.kwargs = args, kwargs
-
-    def __repr__(self) -> str:
-        return f"Args(*{self.args!r}, **{self.kwargs!r})"
-
-
-Method = Callable[Concatenate[W, P], R]  # an unbound method of the workers' class: ``RolloutWorker.generate``
-
-
-def method_name(method: Callable[..., Any], worker: Any) -> str:
-    """The name a worker ``method`` is called by; a method ``worker`` (a class or an instance) lacks is a
-    `TypeError` naming both, raised at the call site rather than inside an actor."""
-    name = getattr(method, "__name__", None)
-    if not isinstance(name, str) or not callable(getattr(worker, name, None)):
-        owner = worker if isinstance(worker, type) else type(worker)
-        raise TypeError(f"{getattr(method, '__qualname__', method)!r} is not a method of {owner.__name__}: a group "
-                        "calls its workers' own methods (group.submit(RolloutWorker.generate, ...))")
-    return name
-
-
-def _plan(calls: Sequence[Args[Any]], ranks: Sequence[int] | None, size: int) -> tuple[list[Args[Any]], list[int]]:
-    targets = [r % size for r in ranks] if ranks is not None else [i % size for i in range(len(calls))]
-    return list(calls), targets
-
-
-class RayWaiter:
-    """Waits for object refs of calls on any number of groups, with one deadline."""
-
-    def wait(self, pendings: Sequence[Pending[Any]]) -> None:
-        limits = dict(zip(map(id, pendings), deadlines(pendings)))
-        calls = [(p, i) for p in pendings for i in range(len(p))]
-        refs = [p.handles[i] for p, i in calls]
-        remaining = list(refs)
-        while remaining:
-            nearest = min(limits[id(calls[refs.index(r)][0])] for r in remaining)
-            ready, remaining = ray.wait(remaining, num_returns=1, timeout=max(0.0, nearest - time.monotonic()),
-                                        fetch_local=False)
-            if not ready:
-                if all(limits[id(calls[refs.index(r)][0])] > time.monotonic() for r in remaining):
-                    continue
-                # The first call (in pipeline order) still running held the others up.
-                p, i = calls[refs.index(remaining[0])]
-                raise WorkerError(p.role, p.ranks[i], p.node(i), f"{p.method} did not finish within {p.timeout_s}s "
-                                  f"({len(remaining)} of {len(refs)} calls still running)")
-            p, i = calls[refs.index(ready[0])]
-            if not p.bulk:
-                err = _failure(p, i)
-                if err is not None:
-                    raise _root_cause(pendings) or err
-
-    def fetch(self, pending: Pending[T]) -> list[T]:
-        return ray.get(pending.handles)
-
-
-def _failure(pending: Pending[Any], i: int) -> WorkerError | None:
-    """The `WorkerError` of call ``i`` if it failed (fetching its result: only for small or failed ones)."""
-    try:
-        ray.get(pending.handles[i])
-    except (RayActorError, RayTaskError) as err:
-        what = "died" if isinstance(err, RayActorError) else "raised"
-        cause = err.cause if isinstance(err, RayTaskError) and err.cause is not None else err
-        failure = WorkerError(pending.role, pending.ranks[i], pending.node(i),
-                              f"{pending.method} {what}: {type(cause).__name__}: {cause}")
-        failure.__cause__ = err
-        return failure
-    return None
-
-
-def _root_cause(pendings: Sequence[Pending[Any]]) -> WorkerError | None:
-    """The first finished call, in pipeline order, that failed: a dead rollout worker, not the learner it starved."""
-    for p in pendings:
-        for i, ref in enumerate(p.handles):
-            done, _ = ray.wait([ref], timeout=0, fetch_local=False)
-            failure = _failure(p, i) if done else None
-            if failure is not None:
-                return failure
-    return None
-
-
-class LocalFailure:
-    """The handle of an in-process call that raised: its error, raised by the wait that looks at it (and handed to
-    the calls given it), as Ray holds a failed actor call's error in its ref until a wait or a dependent call."""
-
-    def __init__(self, error: WorkerError) -> None:
-        self.error = error
-
-
-def _failed_input(args: tuple[Any, ...]) -> WorkerError | None:
-    """The error of the first failed call among ``args`` (a handle, or a list of handles)."""
-    for arg in args:
-        for handle in arg if isinstance(arg, (list, tuple)) else (arg,):
-            if isinstance(handle, LocalFailure):
-                return handle.error
-    return None
-
-
-class LocalWaiter:
-    """Handles of in-process calls are their results already (or the `LocalFailure` of a call that raised)."""
-
-    def wait(self, pendings: Sequence[Pending[Any]]) -> None:
-        for pending in pendings:
-            failed = _failed_input(pending.handles)
-            if failed is not None:
-                raise failed
-
-    def fetch(self, pending: Pending[T]) -> list[T]:
-        self.wait([pending])
-        return list(pending.handles)
-
-
-RAY_WAITER, LOCAL_WAITER = RayWaiter(), LocalWaiter()
+from .calls import (
+    LOCAL_WAITER,
+    RAY_WAITER,
+    Args,
+    LocalFailure,
+    Method,
+    P,
+    R,
+    W,
+    failed_input,
+    method_name,
+    plan_calls,
+)
 
 
 def reserve(bundle: dict[str, float], n: int, strategy: str, timeout_s: float,
@@ -282,7 +171,7 @@ class WorkerGroup(Generic[W]):
 
     def _submit(self, name: str, calls: Sequence[Args[Any]], ranks: Sequence[int] | None, timeout_s: float | None,
                 bulk: bool) -> Pending[Any]:
-        args, targets = _plan(calls, ranks, len(self.actors))
+        args, targets = plan_calls(calls, ranks, len(self.actors))
         refs = [getattr(self.actors[r], name).remote(*a.args, **a.kwargs) for r, a in zip(targets, args)]
         return Pending(refs, targets, name, self.role, self.nodes, timeout_s or self.timeout_s, RAY_WAITER, bulk)
 
@@ -295,7 +184,7 @@ class WorkerGroup(Generic[W]):
         """Like `submit`, for a method that returns a tuple of ``parts`` results: Ray stores each part as an object
         of its own (``num_returns``), so each may be passed on alone. One pending per part."""
         name = method_name(method, self.cls)
-        args, targets = _plan(calls, None, len(self.actors))
+        args, targets = plan_calls(calls, None, len(self.actors))
         started = [getattr(self.actors[r], name).options(num_returns=parts).remote(*a.args, **a.kwargs)
                    for r, a in zip(targets, args)]
         refs = [c if parts > 1 else [c] for c in started]  # one return: Ray hands back the ref itself
@@ -354,7 +243,7 @@ class LocalGroup(Generic[W]):
 
     def submit(self, method: Method[W, P, R], calls: Sequence[Args[P]], ranks: Sequence[int] | None = None,
                timeout_s: float | None = None, bulk: bool = False) -> Pending[R]:
-        args, targets = _plan(calls, ranks, len(self.workers))
+        args, targets = plan_calls(calls, ranks, len(self.workers))
         name = method_name(method, self.workers[targets[0]]) if targets else getattr(method, "__name__", "")
         out = [self._run(name, r, a) for r, a in zip(targets, args)]
         return Pending(out, targets, name, self.role, ["local"] * len(self.workers), 0.0, LOCAL_WAITER, bulk)
@@ -364,7 +253,7 @@ class LocalGroup(Generic[W]):
         # As Ray does for actor calls: a top-level ObjectRef argument arrives as its value
         # (workers may put into the object store whenever Ray is up, local mode or not).
         a = tuple(ray.get(x) if isinstance(x, ray.ObjectRef) else x for x in call.args)
-        upstream = _failed_input(a)
+        upstream = failed_input(a)
         if upstream is not None:
             return LocalFailure(upstream)
         try:

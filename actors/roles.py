@@ -33,8 +33,9 @@ from toolbox.trainers.roles import (
     WeightRefs,
 )
 
+from .calls import Args, W
 from .env_runner import EnvRunnerWorker
-from .group import Args, LocalGroup, W, WorkerGroup
+from .group import LocalGroup, WorkerGroup
 from .learner import LearnerWorker
 from .rollout import RolloutWorker
 

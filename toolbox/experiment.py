@@ -327,7 +327,7 @@ class ExperimentBuilder:
 
 def join_process_group(group: Any, timeout_s: float) -> None:
     """Rank 0 picks a free port on its node; every rank joins the process group there and builds its learner."""
-    from toolbox.actors.group import Args
+    from toolbox.actors.calls import Args
     from toolbox.actors.learner import LearnerWorker
 
     addr, port = group.call(LearnerWorker.rendezvous, [Args()], ranks=[0])[0]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from toolbox.actors.group import Args, WorkerGroup
+from toolbox.actors.calls import Args
+from toolbox.actors.group import WorkerGroup
 from toolbox.actors.learner import LearnerWorker
 
 from tests.unit.learner_steps import online_step

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import ray
 import torch
-from toolbox.actors.group import Args, WorkerGroup
+from toolbox.actors.calls import Args
+from toolbox.actors.group import WorkerGroup
 from toolbox.actors.learner import LearnerWorker
 from toolbox.actors.rollout import RolloutWorker
 
@@ -36,7 +37,7 @@ def counted_run(tmp_path: Path, prompts_per_step: int, monkeypatch: pytest.Monke
     """A 3-step GRPO run (2 rollout, 2 reward, 2 FSDP2 ranks) that counts the serialized bytes of everything the
     driver fetched from workers and the driver's waits inside each step (generate -> score -> plan -> update ->
     export -> load weights chain by ref); yields (builder, trainer, summary, bytes, waits) before shutdown."""
-    from toolbox.actors.group import RayWaiter
+    from toolbox.actors.calls import RayWaiter
 
     received: list[int] = []
     waits: list[int] = []  # per training step: the driver's waits inside it

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-from toolbox.actors.group import Args, LocalGroup
+from toolbox.actors.calls import Args
+from toolbox.actors.group import LocalGroup
 from toolbox.actors.roles import PolicyLearnerGroup, RewardGroup, RolloutGroup
 
 from toolbox.algorithms.grpo.config import GRPOConfig
