@@ -788,3 +788,26 @@ def test_sglang_nccl_round_through_real_updater(tok_dir: str, tmp_path, monkeypa
     assert [n for n, _ in got] == list(state) and all(torch.equal(t, state[n]) for n, t in got)
     assert received == torch.load(tmp_path / "sent")["bytes"] == sum(t.numel() * 4 for t in state.values())
     engine.engine.loop.close()
+
+
+def test_engine_capabilities_are_declared_protocols() -> None:
+    """Device sync and sleep/wake are Protocols an engine meets by its methods, not names probed one by one."""
+    from toolbox.engines.base import DeviceSyncable, Sleepable, WakesInStages, device_syncable
+
+    class Receiver:
+        sync_workers = 2
+
+        def open_device_sync(self, init_info: dict, manifest: list) -> None: ...
+
+        def receive_weights(self) -> int:
+            return 0
+
+    class Sleeper:
+        def sleep(self) -> None: ...
+
+        def wake(self) -> None: ...
+
+    assert device_syncable(Receiver()).sync_workers == 2 and isinstance(Receiver(), DeviceSyncable)
+    with pytest.raises(TypeError, match=r"Sleeper cannot receive weights device to device"):
+        device_syncable(Sleeper())
+    assert isinstance(Sleeper(), Sleepable) and not isinstance(Sleeper(), WakesInStages)

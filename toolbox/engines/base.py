@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolbox.core.registry import Registry
 from toolbox.rl.batch import PromptRequest, RolloutBatch
-from toolbox.rl.weights import WeightBucket
+from toolbox.rl.weights import TensorSpec, WeightBucket
 
 
 class SamplingConfig(BaseModel):
@@ -40,6 +41,7 @@ class InferenceEngine(Protocol):
 ENGINES: Registry[InferenceEngine] = Registry("engine")
 
 
+@runtime_checkable
 class Sleepable(Protocol):
     """What an engine may add to `InferenceEngine`: free its accelerator memory while a colocated learner trains.
 
@@ -52,15 +54,43 @@ class Sleepable(Protocol):
     def wake(self) -> None: ...
 
 
-def sleep_engine(engine: Any) -> None:
-    """``engine.sleep()`` where the engine has one; a no-op otherwise."""
-    sleep = getattr(engine, "sleep", None)
-    if sleep is not None:
-        sleep()
+@runtime_checkable
+class WakesInStages(Sleepable, Protocol):
+    """A `Sleepable` engine that can take back its weights' memory alone (vLLM): a weight load into a sleeping engine
+    then wakes the weights first and the KV cache after the load, never holding both at once needlessly."""
+
+    def wake_weights(self) -> None: ...
 
 
-def wake_engine(engine: Any) -> None:
-    """``engine.wake()`` where the engine has one; a no-op otherwise."""
-    wake = getattr(engine, "wake", None)
-    if wake is not None:
-        wake()
+@runtime_checkable
+class DeviceSyncable(Protocol):
+    """An engine that receives weights device to device from learner rank 0 (`toolbox.engines.nccl_sync`): vLLM and
+    SGLang. ``sync_workers``: the ranks its tensor- and pipeline-parallel workers take in the sync group."""
+
+    @property
+    def sync_workers(self) -> int: ...
+
+    def open_device_sync(self, init_info: dict[str, Any], manifest: Sequence[TensorSpec]) -> None: ...
+
+    def receive_weights(self) -> int: ...
+
+
+def device_syncable(engine: object) -> DeviceSyncable:
+    """``engine`` as a `DeviceSyncable`, or a `TypeError` naming the engine that has no device-to-device path (the
+    placement chose NCCL for an engine that cannot take part)."""
+    if not isinstance(engine, DeviceSyncable):
+        raise TypeError(f"{type(engine).__name__} cannot receive weights device to device (no open_device_sync / "
+                        "receive_weights / sync_workers); the weight sync must use the object store for it")
+    return engine
+
+
+def sleep_engine(engine: object) -> None:
+    """``engine.sleep()`` where the engine is `Sleepable`; a no-op otherwise."""
+    if isinstance(engine, Sleepable):
+        engine.sleep()
+
+
+def wake_engine(engine: object) -> None:
+    """``engine.wake()`` where the engine is `Sleepable`; a no-op otherwise."""
+    if isinstance(engine, Sleepable):
+        engine.wake()
