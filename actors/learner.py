@@ -32,6 +32,7 @@ from toolbox.models.loading import load_tokenizer
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import RolloutBatch
 from toolbox.rl.plan import StepPlan
+from toolbox.rl.shared_weights import SharedPool, SharedWeightsWriter
 from toolbox.rl.weights import TensorSpec
 from toolbox.tracing.entries import StepSamples, TraceRequest
 from toolbox.tracing.record import sample_traces
@@ -160,12 +161,33 @@ class LearnerWorker:
         self._sender().open(init)
 
     def send_weights(self) -> int:
-        """Every rank joins the gathers; rank 0 broadcasts to the engines (whose receive runs meanwhile). Then, as
-        after `export_weights`, the state may leave the GPU."""
-        self._on_device()
-        sent = self._sender().send()
+        """Every rank joins the gathers; rank 0 broadcasts to the engines (whose receive runs meanwhile), or, with the
+        shared-memory sync open, writes the weights into a free slot of its pool. Then, as after `export_weights`,
+        the state may leave the GPU."""
+        if self.shared_sync:
+            state = self._on_device().policy.full_state_dict()  # every rank joins the gather
+            sent = self.writer.publish(state) if self.writer is not None else 0
+        else:
+            self._on_device()
+            sent = self._sender().send()
         self._offload()
         return sent
+
+    # ---- same-node shared-memory weight sync (toolbox.rl.shared_weights; the driver side is toolbox.actors.shared_sync)
+    writer: SharedWeightsWriter | None = None
+    shared_sync = False
+
+    def open_shared_sync(self, readers: int, dtype: str = "") -> SharedPool | None:
+        """Every rank joins the gather; rank 0 lays out its pool for ``readers`` engines, floating-point weights in
+        ``dtype`` (the engines'), and returns what they attach to (``None`` elsewhere)."""
+        state = self._on_device().policy.full_state_dict()
+        self.shared_sync = True
+        if self.rank != 0:
+            return None
+        if self.writer is not None:
+            self.writer.close()
+        self.writer = SharedWeightsWriter(state, readers, dtype)
+        return self.writer.pool
 
     def _sender(self) -> NcclWeightSender:
         if self.sender is None:

@@ -13,6 +13,7 @@ from toolbox.engines import SamplingConfig
 from toolbox.engines.base import sleep_engine, wake_engine
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import PromptRequest, RolloutBatch
+from toolbox.rl.shared_weights import SharedPool, SharedWeightsReader, SharedWeightsUnavailable
 
 from .resolve import node_info, resolve
 from .supervisor import recover, remember
@@ -34,8 +35,11 @@ class RolloutWorker:
         self.rank, self.supervisor = rank, supervisor
         self.engine = build(rank)
         self.asleep = False  # `sleep` / `wake`: a colocated engine frees its memory while the learner trains
+        self.reader: SharedWeightsReader | None = None  # the shared-memory weight sync, once open
         previous = recover(supervisor, rank)
-        if previous:
+        if previous and isinstance(previous[0], SharedPool):  # the generation the dead process held, still pinned
+            self.open_shared_sync(previous[0], recovering=True)
+        elif previous:
             self.engine.update_weights(resolve(previous))
 
     def ready(self) -> dict[str, str]:
@@ -101,8 +105,41 @@ class RolloutWorker:
         self.engine.open_device_sync(init_info, manifest)
 
     def receive_weights(self) -> float:
-        """One NCCL round from learner rank 0 (whose `send_weights` runs meanwhile); returns the seconds it took."""
+        """One NCCL round from learner rank 0 (whose `send_weights` runs meanwhile), or with the shared-memory sync
+        open the next generation of its pool once published; returns the seconds it took."""
+        if self.reader is not None:
+            return self._receive_shared()
         return self._load(self.engine.receive_weights)
+
+    # ---- same-node shared-memory weight sync (toolbox.rl.shared_weights; the driver side is toolbox.actors.shared_sync)
+    def open_shared_sync(self, pool: SharedPool, timeout_s: float = 600.0, recovering: bool = False) -> str:
+        """Attach to learner rank 0's pool; returns why it cannot be opened from here ("" when attached). The
+        supervisor keeps the pool: a restarted process attaches again and loads the generation its predecessor held
+        (`recovering`), whose slot stays pinned until this rank moves on."""
+        try:
+            self.reader = SharedWeightsReader(pool, self.rank)
+        except SharedWeightsUnavailable as err:
+            return str(err)
+        self.shared_timeout_s = timeout_s
+        held = self.reader.held()
+        if recovering and held:
+            self.engine.update_weights(self.reader.wait(held, timeout_s))
+            self.reader.hold(held)
+        self.pool_remembered = recovering
+        return ""
+
+    def _receive_shared(self) -> float:
+        """The next generation, once published, loaded; returns the sync's own seconds: the learner's write of the
+        slot and this load, not the wait for the learner (its update)."""
+        assert self.reader is not None
+        reader, generation = self.reader, self.reader.generation + 1
+        buckets = reader.wait(generation, self.shared_timeout_s)
+        seconds = self._load(lambda: self.engine.update_weights(buckets)) + reader.copy_s
+        reader.hold(generation)
+        if not self.pool_remembered:  # once per pool: the generation a restart reloads is in the pool itself
+            remember(self.supervisor, self.rank, [reader.pool])
+            self.pool_remembered = True
+        return seconds
 
     def sleep(self) -> None:
         """Free the engine's accelerator memory (a no-op for engines without `sleep`)."""

@@ -87,6 +87,15 @@ def test_sync_path_choice() -> None:
     assert _path({**split, "engine": {"name": "sglang"}}, {"gpus_per_worker": 1}) == ("nccl", "nccl")
 
 
+def test_hf_engines_on_learner_rank_0s_node_take_shared_memory() -> None:
+    assert _path({}, None, ["a", "b"], ["a", "a"]) == ("shared_memory", "shared_memory")
+    # Any engine on another node, nodes not known yet (before start, in-process runs), LoRA: the object store.
+    assert _path({}, None, ["a", "b"], ["a", "b"]) == ("object_store", "object_store")
+    assert _path({}, None, ["b", "a"], ["a"]) == ("object_store", "object_store")
+    assert _path({}) == ("object_store", "object_store")
+    assert _path({}, {"lora": {"r": 4}}, ["a"], ["a"]) == ("object_store", "object_store")
+
+
 class FakeBatch(dict):
     """Stands in for a RolloutBatch (``rows``, as the fake reward reads it); takes the ``seconds`` the worker sets."""
 

@@ -96,7 +96,12 @@ def policy_wiring(builder: ExperimentBuilder, bus: EventBus, learner_cls: type, 
 
     assert isinstance(algo, AlgorithmConfig)
     c, roles = builder.cfg, policy_roles(builder, learner_cls, algo)
-    if log_placement(builder).runs == "nccl":
+    sync = log_placement(builder).runs
+    if sync == "shared_memory":
+        from toolbox.actors.shared_sync import open_shared_sync
+
+        open_shared_sync(roles.learner, roles.rollout, dtype=rollout_dtype(c))
+    elif sync == "nccl":
         from toolbox.actors.device_sync import open_nccl_sync
 
         open_nccl_sync(roles.learner, roles.rollout, c.learner.bucket_mb << 20,

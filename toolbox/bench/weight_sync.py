@@ -2,24 +2,27 @@
 
 ``python -m toolbox.bench weight_sync [--sizes-mb 100,1000] [--warmup 3] [--repeats 5]``
 
-A sender actor packs its parameters into buckets and puts them in the object store
-(exactly the learner's ``export_weights`` path); a receiver actor loads them with
-``load_into`` (the rollout engine's path). The clock runs from the export call to
-the receiver's return, seen from the driver, two ways, alternating within each round:
-``chained`` as the online loop does it (the export's ref goes straight into the
-receiver's one call, the driver waits once) and ``driver`` (the driver fetches the
-bucket refs, then calls the receiver: one more round trip). ``ping`` is an empty actor
-call's round trip, the fixed latency of one call. The memcpy baseline copies the same
-bytes between two warm numpy buffers in one process, single-threaded, in the same
-run. The object store is pre-faulted so both sides compare copies, not page faults.
+Two paths, alternating within each round, each as a run takes it:
 
-Each process still faults in the pages of the shared memory it first writes or maps (the store's pre-faulting is
-the store's own mapping): a learner's first syncs pay that, about 3x the steady sync at 100 MB (rounds of 96 MB:
-39, 29, 28, then 9 ms from the fourth on). ``first sync s`` is the first round; the other columns are the best of
-``--repeats`` rounds after ``--warmup`` untimed ones, the steady state of a run that syncs every step. Each size
-runs on a Ray instance of its own whose store holds 3x its weights: on a store many times larger new objects keep
-landing in pages the sender has not touched yet, and the steady state comes only once its writes have gone round
-the store (96 MB on a 3 GB store: 0.18x memcpy after 8 rounds, 0.54-0.56x on a 300 MB one).
+- ``shared`` (learner rank 0 and the engines on one node, `toolbox.rl.shared_weights`): the sender writes its
+  parameters into a free slot of its shared-memory pool (the one copy) and the receiver, whose call is in flight at
+  the same time (as the role groups submit them), waits for that generation and re-points its parameters at its
+  own read-only mapping of the slot (`load_into`: no copy). ``engine copies`` counts the receiver's parameters that
+  do not view the slot afterwards (0: none was copied).
+- ``object store`` (engines on other nodes): the sender packs its parameters into buckets and puts them in the
+  object store (``export_weights``); the export's ref goes straight into the receiver's one call (``load_into``).
+
+The clock runs from the first call to the last return, seen from the driver. ``ping`` is an empty actor call's
+round trip, the fixed latency of one call. The memcpy baseline copies the same bytes between two warm numpy
+buffers in the driver, single-threaded, once in every round after the two syncs (best of the rounds, as theirs);
+sender and receiver run one torch thread each.
+
+Both paths fault in shared memory the first time a process touches it: the pool when a slot is made (the sender
+zeroes it), the object store per object (pre-faulted store, but each process maps new objects' pages). ``first
+sync s`` is the shared path's first round; the other columns are the best of ``--repeats`` rounds after ``--warmup``
+untimed ones, the steady state of a run that syncs every step. Each size runs on a Ray instance of its own whose
+store holds 3x its weights: on a store many times larger new objects keep landing in pages the sender has not
+touched yet (96 MB on a 3 GB store: 0.18x memcpy after 8 rounds, 0.54-0.56x on a 300 MB one).
 """
 
 from __future__ import annotations
@@ -47,11 +50,23 @@ def make_module(total_mb: int, seed: int) -> torch.nn.Module:
 
 
 class Sender:
-    """Holds weights like a learner rank and exports them as bucket refs."""
+    """Holds weights like learner rank 0: exports them as bucket refs, or publishes them into its shared pool."""
 
-    def __init__(self, total_mb: int, bucket_mb: int) -> None:
+    def __init__(self, total_mb: int, bucket_mb: int, readers: int = 1) -> None:
+        from toolbox.rl.shared_weights import SharedWeightsWriter
+
         torch.set_num_threads(1)
         self.module, self.bucket_mb = make_module(total_mb, seed=1), bucket_mb
+        self.writer = SharedWeightsWriter(self.module.state_dict(), readers)
+
+    def pool(self) -> Any:
+        return self.writer.pool
+
+    def update(self, seconds: float) -> float:
+        """The learner's update the sync is queued behind (a sleep); returns when it ended (``time.monotonic``,
+        one clock for every process of the machine)."""
+        time.sleep(seconds)
+        return time.monotonic()
 
     def export(self) -> tuple[list[Any], float, float]:
         import ray
@@ -64,18 +79,30 @@ class Sender:
         refs = [ray.put(b) for b in buckets]
         return refs, t1 - t0, time.perf_counter() - t1
 
+    def publish(self) -> tuple[int, float]:
+        """The shared path's send: (generation, seconds of the copy into the slot)."""
+        t0 = time.perf_counter()
+        generation = self.writer.publish(self.module.state_dict())
+        return generation, time.perf_counter() - t0
+
     def checksum(self) -> float:
         return float(sum(p.double().sum() for p in self.module.parameters()))
 
 
 class Receiver:
-    """Holds weights like a rollout engine and loads bucket refs."""
+    """Holds weights like a rollout engine and loads bucket refs, or the sender's pool's next generation."""
 
     def __init__(self, total_mb: int) -> None:
         torch.set_num_threads(1)
         self.module = make_module(total_mb, seed=2)
+        self.reader: Any = None
 
-    def load(self, exported: list[Any] | tuple[list[Any], float, float]) -> tuple[int, float]:
+    def attach(self, pool: Any) -> None:
+        from toolbox.rl.shared_weights import SharedWeightsReader
+
+        self.reader = SharedWeightsReader(pool, 0)
+
+    def load(self, exported: list[Any] | tuple[list[Any], float, float]) -> tuple[float, float]:
         """Load the bucket refs (``exported``: `Sender.export`'s refs, or its whole result when chained)."""
         import ray
 
@@ -83,8 +110,24 @@ class Receiver:
 
         refs = exported[0] if isinstance(exported, tuple) else exported
         t0 = time.perf_counter()
-        loaded = load_into(self.module, ray.get(refs))
-        return loaded, time.perf_counter() - t0
+        load_into(self.module, ray.get(refs))
+        return time.perf_counter() - t0, time.monotonic()
+
+    def receive(self) -> tuple[float, float]:
+        """The shared path's load of the next generation: (seconds from the call's start, when it ended)."""
+        from toolbox.rl.weights import load_into
+
+        t0 = time.perf_counter()
+        generation = self.reader.generation + 1
+        load_into(self.module, self.reader.wait(generation, timeout_s=60))
+        self.reader.hold(generation)
+        return time.perf_counter() - t0, time.monotonic()
+
+    def copied(self) -> int:
+        """Parameters whose memory is not in one of the reader's slot mappings."""
+        spans = [(a.ctypes.data, a.ctypes.data + a.size)
+                 for a in (np.frombuffer(m, np.uint8) for m in self.reader.slots.values())]
+        return sum(not any(lo <= p.data_ptr() < hi for lo, hi in spans) for p in self.module.parameters())
 
     def ping(self) -> None:
         return None
@@ -93,55 +136,91 @@ class Receiver:
         return float(sum(p.double().sum() for p in self.module.parameters()))
 
 
-def memcpy_seconds(nbytes: int, repeats: int) -> float:
-    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # warm both buffers
-    best = float("inf")
-    for _ in range(repeats):
+class Memcpy:
+    """The baseline: the same bytes copied between two warm numpy buffers in the driver, one thread."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+        self.dst = np.empty_like(self.src)
+        np.copyto(self.dst, self.src)  # warm both buffers
+
+    def seconds(self) -> float:
         t0 = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t0)
-    return best
+        np.copyto(self.dst, self.src)
+        return time.perf_counter() - t0
+
+
+UPDATE_S = 0.02  # the stand-in learner update each queued sync waits behind
+
+
+def timed(fn: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def shared_round(sender: Any, receiver: Any, queued: bool) -> tuple[float, float, float]:
+    """One shared-memory sync: (seconds, the sender's copy seconds, the receiver's load seconds). ``queued``: both
+    calls wait behind a learner update, as in a run, and the seconds run from the update's end to the load's end
+    (the sync's share of the step); else from the driver's submit to its last result (two calls' latency)."""
+    import ray
+
+    update = [sender.update.remote(UPDATE_S)] if queued else []
+    (*res, (_, copy_s), (load_s, end)), seconds = timed(lambda: ray.get(
+        [*update, sender.publish.remote(), receiver.receive.remote()]))
+    return (end - res[0] if queued else seconds), copy_s, load_s
+
+
+def store_round(sender: Any, receiver: Any, queued: bool) -> tuple[float, Any, float]:
+    """One object-store sync, the export's ref chained into the receiver's call: (seconds, the export's ref, the
+    receiver's load seconds), timed as `shared_round` does."""
+    import ray
+
+    update = [sender.update.remote(UPDATE_S)] if queued else []
+    exported = sender.export.remote()
+    (*res, (load_s, end)), seconds = timed(lambda: ray.get([*update, receiver.load.remote(exported)]))
+    return (end - res[0] if queued else seconds), exported, load_s
 
 
 def measure(size_mb: int, repeats: int, bucket_mb: int, warmup: int = 3) -> dict[str, float]:
+    """Best of ``repeats`` rounds (after ``warmup``) of each path queued and from the driver, the memcpy between."""
     import ray
 
     sender = ray.remote(Sender).options(num_cpus=0.5).remote(size_mb, bucket_mb)
     receiver = ray.remote(Receiver).options(num_cpus=0.5).remote(size_mb)
-    ray.get([sender.checksum.remote(), receiver.checksum.remote()])
-    best: dict[str, float] = {"sync_s": float("inf"), "driver_sync_s": float("inf"), "ping_s": float("inf")}
+    ray.get(receiver.attach.remote(sender.pool.remote()))
+    nbytes = max(1, size_mb // TENSOR_MB) * TENSOR_MB << 20
+    memcpy = Memcpy(nbytes)
+    best: dict[str, float] = dict.fromkeys(("sync_s", "trip_s", "store_sync_s", "store_trip_s", "ping_s",
+                                            "memcpy_s"), float("inf"))
     for round_ in range(warmup + repeats):
-        t0 = time.perf_counter()
-        exported = sender.export.remote()
-        _, load_s = ray.get(receiver.load.remote(exported))
-        sync_s = time.perf_counter() - t0
+        sync_s, copy_s, load_s = shared_round(sender, receiver, queued=True)
+        trip_s = shared_round(sender, receiver, queued=False)[0]
+        store_sync_s, exported, _ = store_round(sender, receiver, queued=True)
+        store_trip_s = store_round(sender, receiver, queued=False)[0]
         if round_ == 0:
             best["first_sync_s"] = sync_s
         if round_ < warmup:
-            del exported
             continue
         if sync_s < best["sync_s"]:
-            _, pack_s, put_s = ray.get(exported)
-            best.update(sync_s=sync_s, pack_s=pack_s, put_s=put_s, load_s=load_s)
-        del exported
-        t0 = time.perf_counter()
-        refs, _, _ = ray.get(sender.export.remote())
-        ray.get(receiver.load.remote(refs))
-        best["driver_sync_s"] = min(best["driver_sync_s"], time.perf_counter() - t0)
-        del refs
-        t0 = time.perf_counter()
-        ray.get(receiver.ping.remote())
-        best["ping_s"] = min(best["ping_s"], time.perf_counter() - t0)
+            best.update(sync_s=sync_s, copy_s=copy_s, load_s=load_s)
+        if store_sync_s < best["store_sync_s"]:
+            best.update(store_sync_s=store_sync_s, put_s=ray.get(exported)[2])
+        best.update(trip_s=min(best["trip_s"], trip_s), store_trip_s=min(best["store_trip_s"], store_trip_s),
+                    ping_s=min(best["ping_s"], timed(lambda: ray.get(receiver.ping.remote()))[1]),
+                    memcpy_s=min(best["memcpy_s"], memcpy.seconds()))  # every round, between the syncs
+    # The last load was the object store's: one more shared round, then both sides must hold the same weights and
+    # the receiver's parameters must all view its slot mapping (the shared path copies nothing on the engine).
+    shared_round(sender, receiver, queued=False)
     if ray.get(sender.checksum.remote()) != ray.get(receiver.checksum.remote()):
         raise AssertionError("receiver weights differ from sender after sync")
-    nbytes = max(1, size_mb // TENSOR_MB) * TENSOR_MB << 20
-    memcpy_s = memcpy_seconds(nbytes, repeats)
+    best["engine_copies"] = float(ray.get(receiver.copied.remote()))
     for actor in (sender, receiver):
         ray.kill(actor)
+    memcpy_s = best["memcpy_s"]
     return {"size_mb": nbytes >> 20, **best, "sync_gbps": nbytes / best["sync_s"] / 1e9,
-            "memcpy_s": memcpy_s, "memcpy_gbps": nbytes / memcpy_s / 1e9, "ratio": memcpy_s / best["sync_s"]}
+            "memcpy_gbps": nbytes / memcpy_s / 1e9, "ratio": memcpy_s / best["sync_s"],
+            "trip_ratio": memcpy_s / best["trip_s"], "store_ratio": memcpy_s / best["store_sync_s"]}
 
 
 def main(argv: list[str]) -> int:
@@ -166,14 +245,16 @@ def main(argv: list[str]) -> int:
             rows.append(measure(size, args.repeats, args.bucket_mb, args.warmup))
         finally:
             ray.shutdown()
-    table = Table(title="learner -> rollout weight sync (CPU, Ray object store)")
-    for col in ("size MB", "first sync s", "sync s", "pack s", "put s", "load s", "driver sync s", "ping s",
-                "sync GB/s", "memcpy GB/s", "sync / memcpy"):
+    table = Table(title="learner -> rollout weight sync on one node (CPU): shared memory, and the object store")
+    cols = {"first sync s": "first_sync_s", "sync s": "sync_s", "copy s": "copy_s", "from driver s": "trip_s",
+            "store sync s": "store_sync_s", "put s": "put_s", "store from driver s": "store_trip_s", "ping s": "ping_s"}
+    for col in ("size MB", *cols, "engine copies", "sync GB/s", "memcpy GB/s", "sync / memcpy",
+                "from driver / memcpy", "store / memcpy"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["size_mb"]), f"{r['first_sync_s']:.4f}", f"{r['sync_s']:.4f}", f"{r['pack_s']:.4f}",
-                      f"{r['put_s']:.4f}", f"{r['load_s']:.4f}", f"{r['driver_sync_s']:.4f}", f"{r['ping_s']:.4f}", f"{r['sync_gbps']:.2f}",
-                      f"{r['memcpy_gbps']:.2f}", f"{r['ratio']:.2f}x")
+        table.add_row(str(r["size_mb"]), *(f"{r[k]:.4f}" for k in cols.values()), str(int(r["engine_copies"])),
+                      f"{r['sync_gbps']:.2f}", f"{r['memcpy_gbps']:.2f}",
+                      *(f"{r[k]:.2f}x" for k in ("ratio", "trip_ratio", "store_ratio")))
     Console().print(f"load average {os.getloadavg()[0]:.1f} (the sync and the memcpy share the cores with it)")
     Console().print(table)
     if args.out:

@@ -9,7 +9,8 @@
   sleep while the learner trains (`toolbox.trainers.online.OnlineTrainer`).
 
 `choose_sync_path` picks the weight-sync path from the config and, once the actors run, their nodes:
-``object_store`` (CPU learners or engines, engines that load CPU buckets, LoRA, in-process runs), ``cuda_ipc``
+``shared_memory`` (``hf`` engines on learner rank 0's node, full weights: `toolbox.rl.shared_weights`),
+``object_store`` (engines on other nodes, engines that load CPU buckets, LoRA, in-process runs), ``cuda_ipc``
 (vLLM / SGLang on the learner's own GPU) or ``nccl`` (both on GPUs of their own, on any nodes: learner rank 0
 broadcasts into the engines, `toolbox.engines.nccl_sync`). ``nccl`` runs for vLLM and SGLang; an SGLang engine
 with data-parallel replicas (``engine_kwargs.dp_size > 1``, which SGLang's distributed update refuses) falls back
@@ -95,7 +96,14 @@ def colocated_bundle(cfg: ExperimentConfig) -> tuple[dict[str, float], str]:
     return bundle, strategy
 
 
-SyncKind = Literal["object_store", "cuda_ipc", "nccl"]
+SyncKind = Literal["object_store", "shared_memory", "cuda_ipc", "nccl"]
+
+
+def shares_learner_node(learner_nodes: list[str | None] | None, rollout_nodes: list[str | None] | None) -> bool:
+    """Whether every rollout worker runs on learner rank 0's Ray node (``False`` while the nodes are unknown)."""
+    if not learner_nodes or not rollout_nodes or learner_nodes[0] is None:
+        return False
+    return all(node == learner_nodes[0] for node in rollout_nodes)
 
 
 @dataclass(frozen=True)
@@ -132,6 +140,9 @@ def choose_sync_path(cfg: ExperimentConfig, learner_nodes: list[str | None] | No
     workers (NCCL also spans nodes, as the learner's own FSDP2 does), so the nodes only change the log line.
     """
     engine, learner, rollout = cfg.rollout.engine.name, cfg.learner, cfg.rollout
+    if engine == "hf" and shares_learner_node(learner_nodes, rollout_nodes) and learner.lora is None \
+            and not cfg.ray.local_mode:
+        return SyncPath("shared_memory", "shared_memory", "learner rank 0 and every hf engine on one node")
     if engine not in IPC_ENGINES:
         return SyncPath("object_store", "object_store", f"the {engine} engine loads CPU buckets itself")
     if learner.device == "cpu" or not learner.gpus_per_worker:

@@ -1,0 +1,125 @@
+"""The shared-memory weight pool: one copy on the learner, none on the engine, and no slot written while read.
+
+A second process (multiprocessing, spawn) plays the engine where the point is that it is another process: it opens
+the pool through ``/proc/<pid>/fd`` as a rollout worker does.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from toolbox.rl.shared_weights import (
+    MAX_SLOTS,
+    SharedPool,
+    SharedWeightsReader,
+    SharedWeightsUnavailable,
+    SharedWeightsWriter,
+    layout,
+)
+from toolbox.rl.weights import load_into
+
+
+def model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+
+def test_layout_aligns_each_tensor_and_casts_floating_point_ones() -> None:
+    state = {"w": torch.zeros(3, 5), "steps": torch.zeros(2, dtype=torch.long)}
+    manifest, offsets, size = layout(state, "bfloat16")
+    assert [(s.name, s.dtype, s.shape, s.nbytes) for s in manifest] == [("w", "bfloat16", (3, 5), 30),
+                                                                      ("steps", "int64", (2,), 16)]
+    assert offsets == [0, 64] and size == 128
+
+
+def test_engine_points_at_the_slot_without_copying() -> None:
+    learner, engine = model(0), model(1)
+    writer = SharedWeightsWriter(learner.state_dict(), readers=1)
+    reader = SharedWeightsReader(writer.pool, 0)
+    assert writer.publish(learner.state_dict()) == 1
+    load_into(engine, reader.wait(1, timeout_s=5))
+    reader.hold(1)
+    mapped = np.frombuffer(reader.slots[0], np.uint8)  # the engine's own read-only mapping of the slot
+    for name, tensor in engine.state_dict().items():
+        assert torch.equal(tensor, learner.state_dict()[name])
+        start = tensor.data_ptr() - mapped.ctypes.data
+        assert 0 <= start < mapped.size, f"{name} was copied, not mapped"
+    x = torch.randn(4, 8)
+    assert torch.equal(engine(x), learner(x))
+
+
+def test_slots_are_reused_only_once_every_reader_moved_on() -> None:
+    learner = model(0)
+    writer = SharedWeightsWriter(learner.state_dict(), readers=2)
+    first, second = SharedWeightsReader(writer.pool, 0), SharedWeightsReader(writer.pool, 1)
+    for generation in (1, 2):
+        assert writer.publish(learner.state_dict()) == generation
+    assert len(writer.slots) == 2  # nobody loaded generation 1 yet: it is pending, not free
+    first.hold(2)
+    second.hold(1)
+    writer.publish(learner.state_dict())
+    assert len(writer.slots) == 3  # reader 1 still reads generation 1's slot
+    second.hold(3)
+    writer.publish(learner.state_dict())  # generation 4 lands in generation 1's slot, which nobody holds
+    assert len(writer.slots) == 3
+    assert first.wait(4, timeout_s=5)[0].arrays[0].ctypes.data == np.frombuffer(first.slots[0], np.uint8).ctypes.data
+    with pytest.raises(TimeoutError, match="reader 0 waited 0 s for generation 1"):
+        first.wait(1, timeout_s=0.0)
+
+
+def test_a_full_pool_waits_then_says_which_generations_hold_it() -> None:
+    writer = SharedWeightsWriter({"w": torch.zeros(4)}, readers=1)
+    for _ in range(MAX_SLOTS):
+        writer.publish({"w": torch.zeros(4)})
+    with pytest.raises(TimeoutError, match=f"all {MAX_SLOTS} slots are held by engines still on generations"):
+        writer.publish({"w": torch.zeros(4)}, timeout_s=0.05)
+
+
+def test_a_state_dict_unlike_the_layout_is_refused_by_name() -> None:
+    writer = SharedWeightsWriter({"w": torch.zeros(4)}, readers=1)
+    with pytest.raises(ValueError, match=r"tensor 'w' \(5,\) does not match the pool's 'w' \(4,\)"):
+        writer.publish({"w": torch.zeros(5)})
+
+
+def test_a_pool_of_another_process_is_refused() -> None:
+    writer = SharedWeightsWriter({"w": torch.zeros(4)}, readers=1)
+    pool = writer.pool
+    forged = SharedPool(pool.pid, pool.control_fd, b"x" * 16, pool.manifest, pool.offsets, pool.slot_bytes, 1)
+    with pytest.raises(SharedWeightsUnavailable, match="is not learner rank 0's pool"):
+        SharedWeightsReader(forged, 0)
+    gone = SharedPool(2**22 + 7, 3, pool.nonce, pool.manifest, pool.offsets, pool.slot_bytes, 1)
+    with pytest.raises(SharedWeightsUnavailable, match="not on this node, or the learner is gone"):
+        SharedWeightsReader(gone, 0)
+
+
+def _engine(pool: SharedPool, out: mp.Queue) -> None:
+    engine = model(1)
+    reader = SharedWeightsReader(pool, 0)
+    for generation in (1, 2):
+        load_into(engine, reader.wait(generation, timeout_s=30))
+        reader.hold(generation)
+        out.put({k: v.numpy().tobytes() for k, v in engine.state_dict().items()})  # bytes: no tensor sharing
+
+
+def test_another_process_loads_each_generation_in_its_turn() -> None:
+    learner = model(0)
+    writer = SharedWeightsWriter(learner.state_dict(), readers=1)
+    out: mp.Queue = mp.get_context("spawn").Queue()
+    engine = mp.get_context("spawn").Process(target=_engine, args=(writer.pool, out))
+    engine.start()
+    try:
+        writer.publish(learner.state_dict())
+        assert out.get(timeout=60) == {k: v.numpy().tobytes() for k, v in learner.state_dict().items()}
+        with torch.no_grad():
+            for p in learner.parameters():
+                p.add_(1.0)
+        writer.publish(learner.state_dict())
+        assert out.get(timeout=60) == {k: v.numpy().tobytes() for k, v in learner.state_dict().items()}
+    finally:
+        engine.join(timeout=30)
+    assert engine.exitcode == 0 and os.getpid() == writer.pool.pid
