@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from toolbox.config.paths import DEFAULT_EXPERIMENT, experiment_path
+from toolbox.core.paths import DEFAULT_EXPERIMENT, experiment_path
 
 # Quiet worker processes: transformers' load/save bars would drown the run's own progress.
 WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false",

@@ -46,9 +46,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolbox.config.loader import load_config, merge, parse_overrides
-from toolbox.config.paths import CONFIG_DIR, experiment_path
 from toolbox.config.schema import ExperimentConfig
 from toolbox.core.errors import ConfigError
+from toolbox.core.paths import CONFIG_DIR, experiment_path
 from toolbox.core.registry import format_validation_error
 
 SCORE = "score"

@@ -14,7 +14,7 @@ import yaml
 
 from toolbox import cli
 from toolbox.config import load_config
-from toolbox.config.paths import CONFIG_DIR
+from toolbox.core.paths import CONFIG_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 SUBCOMMANDS = ["run", "train", "tune", "eval", "export", "serve", "model", "plot", "traces", "bench", "deploy", "config", "docs", "components"]
@@ -151,7 +151,7 @@ def test_wheel_ships_configs_under_toolbox_and_nothing_at_the_top(wheel: Path) -
 def test_installed_wheel_finds_its_configs(wheel: Path, tmp_path: Path) -> None:
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # a pure wheel unpacked is an install (no script, no RECORD checks)
-    probe = ("import toolbox.config.paths as l; from toolbox.config import load_config; "
+    probe = ("import toolbox.core.paths as l; from toolbox.config import load_config; "
              "print(l.__file__); print(l.CONFIG_DIR); print(load_config(['experiment=dpo_tiny']).algorithm.name)")
     # PYTHONPATH comes before site-packages, so the unpacked wheel shadows this checkout's editable install.
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,

@@ -10,8 +10,8 @@ import pytest
 from toolbox import cli
 from toolbox.config import load_config
 from toolbox.config.loader import load_config_with_origins, origins
-from toolbox.config.paths import CONFIG_DIR
 from toolbox.core.errors import ConfigError
+from toolbox.core.paths import CONFIG_DIR
 from toolbox.experiment import ExperimentBuilder
 
 

@@ -34,7 +34,6 @@ KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("toolbox.callbacks.remote", "toolbox.trainers.watch"): "the watched-metric names belong below the callbacks",
     ("toolbox.config.loader", "toolbox.algorithms"): "algorithm configs registered, not imported by config/",
     ("toolbox.config.schema", "toolbox.algorithms"): "algorithm configs registered, not imported by config/",
-    ("toolbox.data.rows", "toolbox.config.paths"): "the paths module belongs in core",
 }
 
 

@@ -26,7 +26,7 @@ REWARD = {"name": "weighted_sum", "weights": [1.0, 0.2],
 
 def arith_task() -> dict[str, Any]:
     """The ``dataset`` task spec of ``configs/data/arith`` (question / answer fields, the system prompt)."""
-    from toolbox.config.paths import CONFIG_DIR
+    from toolbox.core.paths import CONFIG_DIR
 
     return {"name": "dataset", "path": str(CONFIG_DIR / "data" / "arith"), "prompt_field": "question",
             "answer_field": "answer", "system_prompt": SYSTEM_PROMPT}

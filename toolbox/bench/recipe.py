@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from toolbox.core.memory import PeakTreeMemory
 from toolbox.bench._report import Table as ReportTable
 from toolbox.bench._report import command_line, print_tables, section, write_section
+from toolbox.core.memory import PeakTreeMemory
 
 RUN_DIR = re.compile(r"^results: (\S+)", re.MULTILINE)
 

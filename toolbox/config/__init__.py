@@ -1,6 +1,6 @@
 """Experiment configs: `load_config` (YAML files + dotted overrides) into an `ExperimentConfig`.
 
-Both are imported on first use (PEP 562): `toolbox.config.paths` is read by the entry point before the schema, and
+Both are imported on first use (PEP 562): the entry point reads `toolbox.core.paths` before the schema, and
 torch with it, is imported (`toolbox.local_ray`).
 """
 

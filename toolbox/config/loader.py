@@ -8,9 +8,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from toolbox.config.paths import CONFIG_DIR, DEFAULT_EXPERIMENT, experiment_path
 from toolbox.config.schema import ExperimentConfig
 from toolbox.core.errors import ConfigError
+from toolbox.core.paths import CONFIG_DIR, DEFAULT_EXPERIMENT, experiment_path
 from toolbox.core.registry import format_validation_error
 
 

@@ -24,8 +24,8 @@ from pydantic import (
 
 from toolbox.callbacks import CALLBACKS
 from toolbox.config.algorithm import DEFAULT_ALGORITHM, AlgorithmConfig
-from toolbox.config.paths import DEFAULT_EXPERIMENT
 from toolbox.core.errors import ConfigError
+from toolbox.core.paths import DEFAULT_EXPERIMENT
 from toolbox.core.registry import Spec, SpecOf
 from toolbox.core.storage import check_location
 from toolbox.data.check import check_data

@@ -67,7 +67,7 @@ def local_path(path: str) -> Path:
     """``path`` made absolute: from the working directory, or else from the folder holding the shipped
     ``configs/`` (the repository, or the installed package), so a shipped recipe's ``./configs/data/...``
     resolves wherever the run starts."""
-    from toolbox.config.paths import CONFIG_DIR
+    from toolbox.core.paths import CONFIG_DIR
 
     here = Path(path).expanduser()
     shipped = CONFIG_DIR.parent / here
