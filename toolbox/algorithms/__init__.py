@@ -11,4 +11,4 @@ from toolbox.algorithms.base import ALGORITHMS, Wiring, register_algorithm
 
 __all__ = ["ALGORITHMS", "Wiring", "register_algorithm"]
 
-from toolbox.algorithms import dpo, grpo, online_dpo, ppo, ppo_env, rm, sft  # noqa: E402,F401  (registers built-ins)
+from toolbox.algorithms import dpo, grpo, offline_grpo, online_dpo, ppo, ppo_env, rm, sft  # noqa: E402,F401  (registers built-ins)

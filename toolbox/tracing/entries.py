@@ -43,6 +43,8 @@ class SampleInputs(BaseModel):
     group: int = Field(description="The prompt's group in its step: samples of one group share the prompt.")
     extras: dict[str, Any] = Field(default_factory=dict, description="The row's metadata for the reward (the "
                                    "reference answer).")
+    prompt_ids: list[int] = Field(default_factory=list, description="The prompt's token ids as the engine got them "
+                                  "(what a run trained from stored rollouts conditions on).")
 
 
 class SampleOutputs(BaseModel):
@@ -65,6 +67,11 @@ class SampleOutputs(BaseModel):
     turns: list[TurnRecord] = Field(default_factory=list, description="A multi-turn episode's messages after the "
                                     "prompt, in order (model turns with their tool calls, environment replies); "
                                     "empty for a single completion.")
+    response_ids: list[int] = Field(default_factory=list, description="The response's token ids (response_tokens "
+                                    "of them).")
+    logprobs: list[float] = Field(default_factory=list, description="The behaviour policy's log-prob of each response "
+                                  "token, as the engine sampled it: what importance-corrects a run trained from "
+                                  "these samples (algorithm.name=offline_grpo).")
 
 
 SAMPLE_COLUMNS = ("step", "rank", "group", "prompt", "response", "reward", "reward_state", "reward_reason",

@@ -52,7 +52,8 @@ def sample_traces(request: TraceRequest, shards: list[RolloutBatch], results: li
             step=request.step, role="rollout", rank=shard % request.rollout_workers,
             timing={"generate_s": shards[shard].seconds, "reward_s": results[shard].seconds},
             inputs=SampleInputs(prompt=text.prompt, group=int(batch.group_B[row]),
-                                extras={k: v for k, v in text.extras.items() if k != TRACE_KEY}),
+                                extras={k: v for k, v in text.extras.items() if k != TRACE_KEY},
+                                prompt_ids=batch.prompt_ids_BP[row][batch.prompt_mask_BP[row].bool()].tolist()),
             outputs=_outputs(text.response, batch, rewards, row, advantage_of.get(row), row in trained,
                              text.extras.get(TRACE_KEY, []))))
     histograms = {"reward": Histogram.of(rewards.values_B[rewards.ok_B]),
@@ -64,8 +65,10 @@ def _outputs(response: str, batch: RolloutBatch, rewards: RewardResult, row: int
              trained: bool, turns: list[dict[str, Any]]) -> SampleOutputs:
     state = RewardStatus(int(rewards.status_B[row]))
     components = getattr(rewards, "components", None) or []
+    n = int(batch.response_lengths_B[row])
     return SampleOutputs(
-        response=response, response_tokens=int(batch.response_lengths_B[row]),
+        response=response, response_tokens=n, response_ids=batch.response_ids_BR[row, :n].tolist(),
+        logprobs=[round(x, 6) for x in batch.logprobs_BR[row, :n].tolist()],
         finish_reason="length" if int(batch.finish_B[row]) == FINISH_LENGTH else "stop",
         reward=float(rewards.values_B[row]) if state == RewardStatus.OK else None,
         reward_state=state.name.lower(),  # type: ignore[arg-type]  # OK/ABSTAIN/ERROR -> the Literal's values

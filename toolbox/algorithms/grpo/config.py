@@ -34,19 +34,27 @@ if TYPE_CHECKING:
 POLICY_ROLES = ("rollout", "reward", "learner")  # what the online policy wiring builds, in order
 
 
-class GRPOConfig(AlgorithmConfig, GroupSampling, PolicyEpochs, PolicyLossChoice, KL, DynamicSampling, Overlong,
-                 OffPolicy, RouterLossWeight):
-    """The algorithm section of a GRPO experiment (and its variants)."""
+class GRPOUpdate(GroupSampling, PolicyEpochs, PolicyLossChoice, KL, Overlong, OffPolicy, RouterLossWeight):
+    """What `GRPOLearner` reads: the groups, the advantage estimator, the policy loss and its corrections. GRPO
+    samples them (`GRPOConfig`); ``offline_grpo`` reads them from stored rollouts."""
 
-    name: Literal["grpo"] = Field("grpo", description="Algorithm: selects the config, learner, loop and wiring.")
     advantage: str = Field("group_norm", description="Advantage estimator: group_norm, group_mean, rloo, reinforce_pp.")
-    roles: ClassVar[tuple[str, ...]] = POLICY_ROLES
 
-    def check(self, exp: ExperimentConfig) -> None:
+    def check_advantage(self) -> None:
         from toolbox.rl.advantages import ADVANTAGES
 
         if self.advantage not in ADVANTAGES:
             raise ConfigError(f"algorithm.advantage: {self.advantage!r} is not one of {ADVANTAGES.names()}")
+
+
+class GRPOConfig(AlgorithmConfig, GRPOUpdate, DynamicSampling):
+    """The algorithm section of a GRPO experiment (and its variants)."""
+
+    name: Literal["grpo"] = Field("grpo", description="Algorithm: selects the config, learner, loop and wiring.")
+    roles: ClassVar[tuple[str, ...]] = POLICY_ROLES
+
+    def check(self, exp: ExperimentConfig) -> None:
+        self.check_advantage()
         check_rollout_batch(exp, self, self.mini_batches)
         check_off_policy(exp, self)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from toolbox.algorithms.grpo.config import GRPOConfig
+from toolbox.algorithms.grpo.config import GRPOUpdate
 from toolbox.learner.collective import global_sum, rank, world
 from toolbox.learner.config import LearnerConfig
 from toolbox.learner.packed import RowForwards, balanced_shares
@@ -42,8 +42,11 @@ class GRPOPlan(StepPlan):
 class GRPOLearner:
     """One GRPO learner rank. Every public method is collective: all ranks call it together (`plan`: rank 0)."""
 
-    def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: GRPOConfig, total_steps: int) -> None:
-        self.cfg, self.algo = cfg, algo
+    def __init__(self, model_path: str, dtype: str, cfg: LearnerConfig, algo: GRPOUpdate, total_steps: int,
+                 old_from_behaviour: bool = False) -> None:
+        """``old_from_behaviour``: the loss's ratio is taken against the behaviour log-probs of the batch (the
+        engine's, or stored ones) rather than the learner's own log-probs at the start of the update."""
+        self.cfg, self.algo, self.old_from_behaviour = cfg, algo, old_from_behaviour
         self.policy = PolicyRank.pretrained(model_path, dtype, cfg, total_steps * algo.ppo_epochs * algo.mini_batches,
                                             frozen_reference=algo.kl_coef > 0, router_loss_coef=algo.moe_aux_loss_coef)
         self.forwards = RowForwards.of(self.policy, cfg.packing, algo.temperature, cfg.share_prompts)
@@ -86,7 +89,8 @@ class GRPOLearner:
         mine, adv_B = plan.gather(r, shards), plan.advantages[r]
         mine.response_mask_BR = mine.response_mask_BR * plan.valid[r].long().unsqueeze(1)
         on_policy = self.algo.ppo_epochs == 1 and self.algo.mini_batches == 1
-        old_logp = None if on_policy else self._no_grad_logprobs(self.policy.model, mine)
+        old_logp = mine.logprobs_BR if self.old_from_behaviour else (
+            None if on_policy else self._no_grad_logprobs(self.policy.model, mine))
         ref_logp = None if self.policy.ref is None else self._no_grad_logprobs(self.policy.ref, mine)
         stats: dict[str, list[float]] = defaultdict(list)
         for mini in mini_batches(len(mine), self.algo.ppo_epochs, self.algo.mini_batches):

@@ -1,0 +1,23 @@
+"""GRPO and its variants (RLOO, Dr. GRPO, ...) on stored rollouts: config, learner, and the offline loop (no rollout
+or reward workers)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from toolbox.algorithms.base import offline_wiring, register_algorithm
+from toolbox.algorithms.offline_grpo.config import OfflineGRPOConfig
+from toolbox.core.events import EventBus
+from toolbox.trainers.base import BaseTrainer
+
+if TYPE_CHECKING:
+    from toolbox.experiment import ExperimentBuilder
+
+
+@register_algorithm("offline_grpo", OfflineGRPOConfig)
+def wire(builder: ExperimentBuilder, bus: EventBus) -> BaseTrainer:
+    """GRPO on a run's samples.jsonl or a dataset of groups with rewards and behaviour log-probs, importance-corrected;
+    the summary tracks the loss and how far the policy moved from the one that sampled them (behaviour_kl)."""
+    from toolbox.algorithms.offline_grpo.learner import OfflineGRPOLearner
+
+    return offline_wiring(builder, bus, OfflineGRPOLearner, ("loss", "behaviour_kl"))
