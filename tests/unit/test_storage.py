@@ -1,6 +1,6 @@
 """Remote run storage through fsspec's memory filesystem: which locations are refused at start, the marker
 published last, pruning, resume from a URL, and a whole in-process SFT run published to and resumed from
-``memory://``, exported from and to URLs. (No S3-compatible server is started here: the memory filesystem stands in for every remote one.)"""
+``memory://``, exported from and to URLs. (The same against an S3-compatible server: tests/integration/test_storage_s3.py.)"""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def local_checkpoint(run_dir: Path, step: int) -> Path:
     ("foo://x/runs", "trainer.run_root='foo://x/runs': no filesystem is registered for foo://"),
     ("https://example.org/runs", "trainer.run_root='https://example.org/runs': https:// is read-only for a run"),
     ("simplecache::memory://runs", "chained fsspec URLs are not supported"),
-    ("s3://bucket/runs", "trainer.run_root='s3://bucket/runs': the s3:// filesystem needs a package that is not "
-                         "installed: Install s3fs"),
+    ("az://bucket/runs", "trainer.run_root='az://bucket/runs': the az:// filesystem needs a package that is not "
+                         "installed: Install adlfs"),  # (s3fs is in the test extra)
 ])
 def test_an_unusable_run_root_is_refused_at_start(value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("?", r"\?")):

@@ -1,0 +1,100 @@
+"""Remote run storage against an S3-compatible server: moto's server (``ThreadedMotoServer`` on 127.0.0.1, a free
+port) spoken to through s3fs, the endpoint given as users give MinIO's, by ``AWS_ENDPOINT_URL``.
+
+An SFT run with ``trainer.run_root=s3://...`` publishes its checkpoints (marker last), stops after its step-2
+checkpoint, and is resumed with ``trainer.resume_from=auto`` from another, empty staging directory
+(as on another machine: the checkpoint comes from the bucket); its steps 3-4 repeat an uninterrupted local run's bit
+for bit. Then ``toolbox export`` reads the run from the bucket and writes the model back to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import s3fs
+from moto.server import ThreadedMotoServer
+
+from tests.run_files import numbers
+from toolbox.config import load_config
+from toolbox.core.events import Event
+from toolbox.core.storage import COMPLETE, RemoteDir
+from toolbox.experiment import ExperimentBuilder
+from toolbox.export import main as export_main
+
+pytestmark = pytest.mark.integration  # a server on a local port
+
+BUCKET = "toolbox-runs"
+RUN = ["experiment=sft_tiny", "ray.local_mode=true", "learner.strategy=single", "learner.num_workers=1", "callbacks=[{name: jsonl}]",
+       "trainer.eval_every=0", "trainer.final_eval=false", "trainer.total_steps=4", "trainer.save_every=2",
+       "trainer.keep_checkpoints=0", "algorithm.batch_size=8"]
+
+
+class Stopped(Exception):
+    """The first life's end, right after its step-2 checkpoint was published."""
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[s3fs.S3FileSystem]:
+    """A moto S3 server on a free local port with one bucket; the endpoint and credentials in the environment, as
+    boto (under s3fs) reads them."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    for name, value in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test",
+                        "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    s3fs.S3FileSystem.clear_instance_cache()  # a client made before would keep its own endpoint
+    fs = s3fs.S3FileSystem()
+    fs.mkdir(BUCKET)
+    try:
+        yield fs
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        server.stop()
+
+
+def fit(*overrides: str, stop_at: int = 0) -> list[dict[str, float]]:
+    """A run's step metrics; with ``stop_at``, the driver stops once that step's checkpoint is published."""
+    builder = ExperimentBuilder(load_config([*RUN, *overrides]))
+    try:
+        trainer = builder.build_trainer()
+
+        def stop(_: Event, payload: dict[str, Any]) -> None:  # after the publishing callback (subscribed first)
+            if payload["step"] == stop_at:
+                raise Stopped
+
+        trainer.bus.subscribe(Event.CHECKPOINT_SAVED, stop)
+        with contextlib.suppress(Stopped):
+            trainer.fit()
+        return list(trainer.history)
+    finally:
+        builder.shutdown()
+
+
+def test_a_run_on_s3_resumes_from_the_bucket_and_exports_to_it(s3: s3fs.S3FileSystem, tmp_path: Path) -> None:
+    whole = fit(f"trainer.run_root={tmp_path / 'local'}", "trainer.run_name=whole")
+    remote = [f"trainer.run_root=s3://{BUCKET}/runs", "trainer.run_name=a"]
+    first = fit(*remote, f"trainer.staging_root={tmp_path / 'first'}", stop_at=2)
+    assert len(first) == 2
+    run = RemoteDir(f"s3://{BUCKET}/runs/a")
+    assert run.complete_checkpoints() == ["step_2"]
+    assert s3.exists(f"{BUCKET}/runs/a/config.yaml") and s3.exists(f"{BUCKET}/runs/a/metrics.jsonl")
+
+    # Another machine: an empty staging directory, the checkpoint downloaded from the bucket.
+    resumed = fit(*remote, f"trainer.staging_root={tmp_path / 'second'}", "trainer.resume_from=auto",
+                  "trainer.export=true")
+    assert (tmp_path / "second" / "a" / "checkpoints" / "step_2" / COMPLETE).is_file()
+    assert len(resumed) == 2
+    for step, (want, got) in enumerate(zip(whole[2:], resumed), start=3):
+        assert numbers(got) == numbers(want), f"step {step} differs after resuming from the bucket"
+    assert run.complete_checkpoints() == ["step_2", "step_4"]
+    assert len(s3.find(f"{BUCKET}/runs/a/checkpoints/step_4")) == len(list((tmp_path / "second/a/checkpoints/step_4").iterdir()))
+
+    assert s3.exists(f"{BUCKET}/runs/a/hf/model.safetensors")  # trainer.export: published with the run
+
+    assert export_main([f"s3://{BUCKET}/runs/a", f"s3://{BUCKET}/exports/a"]) == 0
+    assert s3.exists(f"{BUCKET}/exports/a/config.json") and s3.exists(f"{BUCKET}/exports/a/model.safetensors")
