@@ -2,9 +2,11 @@
 port) spoken to through s3fs, the endpoint given as users give MinIO's, by ``AWS_ENDPOINT_URL``.
 
 An SFT run with ``trainer.run_root=s3://...`` publishes its checkpoints (marker last), stops after its step-2
-checkpoint, and is resumed with ``trainer.resume_from=auto`` from another, empty staging directory
-(as on another machine: the checkpoint comes from the bucket); its steps 3-4 repeat an uninterrupted local run's bit
-for bit. Then ``toolbox export`` reads the run from the bucket and writes the model back to it.
+checkpoint, and is resumed with ``trainer.resume_from=auto`` from another, empty staging directory (as on another
+machine: the checkpoint comes from the bucket); its steps 3-4 repeat an uninterrupted local run's bit for bit, and
+its final policy (``trainer.export``) is published with it. Then ``toolbox export`` reads the run from the bucket
+and writes the model back to it. The runs are in-process (``ray.local_mode``): only the driver talks to the store
+(learner ranks write to the staging directory), and a real Ray would add only its start-up, three times.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from toolbox.export import main as export_main
 pytestmark = pytest.mark.integration  # a server on a local port
 
 BUCKET = "toolbox-runs"
-RUN = ["experiment=sft_tiny", "ray.local_mode=true", "learner.strategy=single", "learner.num_workers=1", "callbacks=[{name: jsonl}]",
-       "trainer.eval_every=0", "trainer.final_eval=false", "trainer.total_steps=4", "trainer.save_every=2",
+RUN = ["experiment=sft_tiny", "ray.local_mode=true", "learner.strategy=single", "learner.num_workers=1",
+       "callbacks=[{name: jsonl}]", "trainer.eval_every=0", "trainer.final_eval=false", "trainer.total_steps=4", "trainer.save_every=2",
        "trainer.keep_checkpoints=0", "algorithm.batch_size=8"]
 
 
