@@ -6,17 +6,13 @@ train on those very batches (the checkpoint keeps them) and repeat the uninterru
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
+from tests import stopped_runs
 from tests.run_files import numbers
-from toolbox.config import load_config
-from toolbox.core.events import Event
-from toolbox.experiment import ExperimentBuilder
 from toolbox.trainers.base import TRAINER_STATE
 
 pytestmark = pytest.mark.integration
@@ -26,26 +22,8 @@ RUN = ["experiment=grpo_tiny", "callbacks=[]", "trainer.eval_every=0", "trainer.
        f"trainer.total_steps={N}", f"trainer.save_every={K}"]
 
 
-class Stopped(Exception):
-    """The first life's end, right after its checkpoint (as a driver killed there)."""
-
-
 def fit(root: Path, name: str, *overrides: str, stop_at: int = 0) -> list[dict[str, float]]:
-    """The run's step metrics; with ``stop_at``, the driver stops once that step's checkpoint is complete."""
-    builder = ExperimentBuilder(load_config([*RUN, f"trainer.run_root={root}", f"trainer.run_name={name}", *overrides]))
-    try:
-        trainer = builder.build_trainer()
-
-        def stop(_: Event, payload: dict[str, Any]) -> None:
-            if payload["step"] == stop_at:
-                raise Stopped
-
-        trainer.bus.subscribe(Event.CHECKPOINT_SAVED, stop)
-        with contextlib.suppress(Stopped):
-            trainer.fit()
-        return list(trainer.history)
-    finally:
-        builder.shutdown()
+    return stopped_runs.fit([*RUN, f"trainer.run_root={root}", f"trainer.run_name={name}", *overrides], stop_at)
 
 
 def test_default_recipe_resumed_with_batches_in_flight_repeats_the_run(ray_session: None, tmp_path: Path) -> None:

@@ -11,32 +11,24 @@ and writes the model back to it. The runs are in-process (``ray.local_mode``): o
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import s3fs
 from moto.server import ThreadedMotoServer
 
+from tests import stopped_runs
 from tests.run_files import numbers
-from toolbox.config import load_config
-from toolbox.core.events import Event
 from toolbox.core.storage import COMPLETE, RemoteDir
-from toolbox.experiment import ExperimentBuilder
 from toolbox.export import main as export_main
 
 pytestmark = pytest.mark.integration  # a server on a local port
 
 BUCKET = "toolbox-runs"
 RUN = ["experiment=sft_tiny", "ray.local_mode=true", "learner.strategy=single", "learner.num_workers=1",
-       "callbacks=[{name: jsonl}]", "trainer.eval_every=0", "trainer.final_eval=false", "trainer.total_steps=4", "trainer.save_every=2",
-       "trainer.keep_checkpoints=0", "algorithm.batch_size=8"]
-
-
-class Stopped(Exception):
-    """The first life's end, right after its step-2 checkpoint was published."""
+       "callbacks=[{name: jsonl}]", "trainer.eval_every=0", "trainer.final_eval=false", "trainer.total_steps=4",
+       "trainer.save_every=2", "trainer.keep_checkpoints=0", "algorithm.batch_size=8"]
 
 
 @pytest.fixture
@@ -60,21 +52,7 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[s3fs.S3FileSystem]:
 
 
 def fit(*overrides: str, stop_at: int = 0) -> list[dict[str, float]]:
-    """A run's step metrics; with ``stop_at``, the driver stops once that step's checkpoint is published."""
-    builder = ExperimentBuilder(load_config([*RUN, *overrides]))
-    try:
-        trainer = builder.build_trainer()
-
-        def stop(_: Event, payload: dict[str, Any]) -> None:  # after the publishing callback (subscribed first)
-            if payload["step"] == stop_at:
-                raise Stopped
-
-        trainer.bus.subscribe(Event.CHECKPOINT_SAVED, stop)
-        with contextlib.suppress(Stopped):
-            trainer.fit()
-        return list(trainer.history)
-    finally:
-        builder.shutdown()
+    return stopped_runs.fit([*RUN, *overrides], stop_at)
 
 
 def test_a_run_on_s3_resumes_from_the_bucket_and_exports_to_it(s3: s3fs.S3FileSystem, tmp_path: Path) -> None:
