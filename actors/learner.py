@@ -26,6 +26,7 @@ from toolbox.core.seeding import seed_everything
 from toolbox.engines.nccl_sync import NcclSyncInit, NcclWeightSender, weight_manifest
 from toolbox.learner.host_offload import HostOffload
 from toolbox.learner.profiling import RankProfiler
+from toolbox.learner.ranks import EnvLearner, OfflineLearner, PolicyLearner, RankLearner
 from toolbox.learner.strategy import backend_for, peak_memory_gb, resolve_device
 from toolbox.learner.throughput import model_dims, peak_flops, train_flops
 from toolbox.models.loading import load_tokenizer
@@ -41,16 +42,17 @@ from .resolve import node_info, resolve, share
 
 
 class LearnerWorker:
-    """Joins the process group, builds the learner, and forwards calls with object refs resolved."""
+    """Joins the process group, builds the learner, and forwards calls with object refs resolved: online steps to a
+    `PolicyLearner`, offline ones to an `OfflineLearner`, env steps to an `EnvLearner` (`toolbox.learner.ranks`)."""
 
-    def __init__(self, rank: int, world_size: int, build: Callable[[], Any], distributed: bool,
+    def __init__(self, rank: int, world_size: int, build: Callable[[], RankLearner], distributed: bool,
                  backend: str = "auto", torch_threads: int = 1, seed: int = 0, device: str = "auto") -> None:
         torch.set_num_threads(torch_threads)
         self.rank, self.world_size = rank, world_size
         self.build, self.distributed, self.backend, self.seed = build, distributed, backend, seed
         # The GPU Ray assigned this actor (CUDA_VISIBLE_DEVICES) is cuda:0 here; no GPU reserved: cpu.
         self.device = resolve_device(device)
-        self.learner: Any = None
+        self.learner: RankLearner | None = None
         self.tokenizer: Any = None  # rank 0 decodes recorded samples with the policy's tokenizer
         self.profiler: RankProfiler | None = None  # trainer.profile_steps
         self.dims: tuple[int, int, int] | None = None  # the policy's (parameters, layers, width), for the mfu metric
@@ -84,7 +86,7 @@ class LearnerWorker:
         """
         shards: list[RolloutBatch] = resolve(shard_refs)
         rewards: list[RewardResult] = resolve(reward_refs)
-        plan = self._learner.plan(shards, rewards, keep_groups)
+        plan = self._policy_learner().plan(shards, rewards, keep_groups)
         if trace is not None:
             plan.samples = sample_traces(trace, shards, rewards, plan, self._tokenizer())
         return plan
@@ -115,31 +117,38 @@ class LearnerWorker:
         start = time.perf_counter()
         mine = plan.shards_for(self.rank)
         fetched = resolve([shard_refs[i] for i in mine])
-        metrics = self._on_device().update(plan, dict(zip(mine, fetched)))
+        self._on_device()
+        metrics = self._policy_learner().update(plan, dict(zip(mine, fetched)))
         seconds = time.perf_counter() - start
         return {**metrics, "train_s": seconds, "peak_mem_gb": peak_memory_gb(self.device), **self._mfu(plan, seconds)}
 
     def _mfu(self, plan: StepPlan, seconds: float) -> dict[str, float]:
         """``mfu``: the step's model FLOPs over what ``world_size`` devices could do in this rank's time
         (`toolbox.learner.throughput`); nothing without a peak FLOPs figure for this device."""
-        policy = getattr(self._learner, "policy", None)
-        peak = peak_flops(self.device, getattr(getattr(policy, "cfg", None), "peak_tflops", 0.0))
+        policy = self._learner.policy
+        peak = peak_flops(self.device, policy.cfg.peak_tflops)
         tokens = plan.metrics.get("train_tokens", 0.0)
-        if peak is None or policy is None or not tokens or seconds <= 0:
+        if peak is None or not tokens or seconds <= 0:
             return {}
         if self.dims is None:
             self.dims = model_dims(policy.model)
         flops = train_flops(self.dims, tokens, plan.metrics.get("train_seq_len", 0.0))
         return {"mfu": flops / (seconds * peak * self.world_size)}
 
-    def update(self, *args: Any) -> dict[str, float]:
-        """``learner.update`` with every ref (or list of refs) argument fetched first (offline step index, env
-        runners' batch refs)."""
-        return self._on_device().update(*(resolve(a) for a in args))
+    def update_offline(self, step: int) -> dict[str, float]:
+        """Offline step ``step``: every rank builds its share of the global batch from the step index."""
+        self._on_device()
+        return self._offline_learner().update(step)
 
-    def evaluate(self, *args: Any) -> dict[str, float]:
-        """``learner.evaluate`` (held-out metrics, no update) with ref arguments fetched first."""
-        return self._on_device().evaluate(*(resolve(a) for a in args))
+    def update_env(self, batch_refs: list[ray.ObjectRef]) -> dict[str, float]:
+        """Env step: PPO epochs on this rank's slice of every env runner's trajectories (fetched here)."""
+        self._on_device()
+        return self._env_learner().update(resolve(batch_refs))
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics of an offline learner, no update."""
+        self._on_device()
+        return self._offline_learner().evaluate()
 
     def export_weights(self) -> list[Any]:
         """Rank 0's buckets (every rank gathers); with ``learner.offload_while_generating`` the state then leaves the
@@ -220,7 +229,7 @@ class LearnerWorker:
     # ---- learner.offload_while_generating (toolbox.learner.host_offload)
     host: HostOffload | None = None
 
-    def _on_device(self) -> Any:
+    def _on_device(self) -> RankLearner:
         """The learner, its state back on the GPU first if it was offloaded after the last export."""
         if self.host is not None:
             self.host.reload()
@@ -231,13 +240,36 @@ class LearnerWorker:
             self.host.offload()
 
     @property
-    def _learner(self) -> Any:
+    def _learner(self) -> RankLearner:
         if self.learner is None:
             raise RuntimeError(f"learner rank {self.rank} was used before setup()")
         return self.learner
 
+    # The learner as the kind a call needs (`toolbox.learner.ranks`); another kind is a `TypeError` naming both
+    # (an online call on an offline learner). One method per kind: a Protocol cannot be a `type[...]` argument.
+    def _policy_learner(self) -> PolicyLearner[Any]:
+        learner = self._learner
+        if isinstance(learner, PolicyLearner):
+            return learner
+        raise self._not_a(learner, PolicyLearner)
 
-def host_offload(learner: Any) -> HostOffload | None:
+    def _offline_learner(self) -> OfflineLearner:
+        learner = self._learner
+        if isinstance(learner, OfflineLearner):
+            return learner
+        raise self._not_a(learner, OfflineLearner)
+
+    def _env_learner(self) -> EnvLearner:
+        learner = self._learner
+        if isinstance(learner, EnvLearner):
+            return learner
+        raise self._not_a(learner, EnvLearner)
+
+    def _not_a(self, learner: RankLearner, kind: type) -> TypeError:
+        return TypeError(f"learner rank {self.rank}: {type(learner).__name__} is not a {kind.__name__} "
+                         "(`toolbox.learner.ranks`), which this call needs")
+
+
+def host_offload(learner: RankLearner) -> HostOffload | None:
     """The offloader of a learner whose config asks for ``learner.offload_while_generating`` (policy learners)."""
-    cfg = getattr(getattr(learner, "policy", None), "cfg", None)
-    return HostOffload.of(learner) if getattr(cfg, "offload_while_generating", False) else None
+    return HostOffload.of(learner) if learner.policy.cfg.offload_while_generating else None

@@ -227,7 +227,7 @@ class OfflineLearnerGroup(LearnerGroupBase, OfflineLearnerRole):
 
     def update(self, step: int) -> Metrics:
         # Every rank returns the same globally reduced metrics; rank 0's stand for all.
-        return self.group.each(LearnerWorker.update, step).result()[0]
+        return self.group.each(LearnerWorker.update_offline, step).result()[0]
 
     def evaluate(self) -> Metrics:
         return self.group.each(LearnerWorker.evaluate).result()[0]
@@ -237,4 +237,5 @@ class EnvLearnerGroup(LearnerGroupBase, EnvLearnerRole):
     """Learner ranks of classic RL (`toolbox.algorithms.ppo_env.learner.PPOEnvLearner` in each)."""
 
     def update(self, rollouts: Sequence[EnvRollout]) -> Pending[Metrics]:
-        return self.group.each(LearnerWorker.update, [r.batch for r in rollouts])
+        # Each runner's batch by its ref: every rank fetches them itself
+        return self.group.each(LearnerWorker.update_env, [r.batch for r in rollouts])

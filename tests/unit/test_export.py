@@ -143,7 +143,7 @@ def test_offline_loop_exports_at_the_end(tmp_path: Path) -> None:
     from toolbox.actors.roles import OfflineLearnerGroup
 
     class OfflineFake(ExportingLearner):
-        def update(self, step: int) -> dict[str, float]:
+        def update_offline(self, step: int) -> dict[str, float]:
             return {"loss": 1.0}
 
     log: list[str] = []

@@ -5,6 +5,7 @@ learner's ``world()``; the real two-rank run is tests/integration/test_grpo_rank
 from __future__ import annotations
 
 import dataclasses
+import types
 from pathlib import Path
 
 import pytest
@@ -98,10 +99,15 @@ def test_online_dpo_plan_pairs_whole_groups_per_rank(tiny_model_dir: Path, monke
 
 
 class RecordingLearner:
-    """Stands in for an online learner: remembers which shards `update` was handed."""
+    """Stands in for an online learner (`toolbox.learner.ranks.PolicyLearner`): remembers which shards `update` was
+    handed."""
 
     def __init__(self) -> None:
         self.got: dict[int, RolloutBatch] = {}
+        self.policy = types.SimpleNamespace(cfg=LearnerConfig())
+
+    def plan(self, shards: list[RolloutBatch], results: list[RewardResult], keep_groups: list[int] | None = None) -> StepPlan:
+        raise NotImplementedError("rank 1 is handed rank 0's plan")
 
     def update(self, plan: StepPlan, shards: dict[int, RolloutBatch]) -> dict[str, float]:
         self.got = shards

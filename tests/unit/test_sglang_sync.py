@@ -113,8 +113,11 @@ class OffloadedLearner:
         self.log.append((what, self.worker.host.on_device))
         return result
 
-    def update(self, *args: Any) -> dict[str, float]:
+    def update(self, step: int) -> dict[str, float]:
         return self._record("update", {"loss": 0.0})
+
+    def evaluate(self) -> dict[str, float]:
+        return {}
 
 
 def test_learner_offloads_after_export_and_reloads_before_use() -> None:
@@ -124,10 +127,10 @@ def test_learner_offloads_after_export_and_reloads_before_use() -> None:
     learner.worker = worker
     worker.setup("127.0.0.1", 0, 10.0)
     assert isinstance(worker.host, HostOffload) and worker.host.modules[0][0] is learner.policy.trained.module
-    worker.update(1)
+    worker.update_offline(1)
     worker.export_weights()
     assert worker.host.on_device is False  # from the export until the engines have generated
-    worker.update(2)
+    worker.update_offline(2)
     worker.export_weights()
     worker.save("somewhere")
     assert log == [("update", True), ("export", True), ("update", True), ("export", True), ("save", True)]
