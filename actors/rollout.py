@@ -10,7 +10,7 @@ import torch
 
 from toolbox.core.seeding import rng_state, set_rng_state
 from toolbox.engines import SamplingConfig
-from toolbox.engines.base import sleep_engine, wake_engine
+from toolbox.engines.base import WakesInStages, device_syncable, sleep_engine, wake_engine
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import PromptRequest, RolloutBatch
 from toolbox.rl.shared_weights import SharedPool, SharedWeightsReader, SharedWeightsUnavailable
@@ -84,9 +84,8 @@ class RolloutWorker:
         """Run a weight load in an awake engine; returns its seconds. A sleeping engine with a two-stage wake (vLLM:
         `wake_weights`) takes back only its weights' memory before the load and the rest (KV cache) after it;
         others wake whole first (vLLM's level-1 sleep keeps the weights on the host meanwhile)."""
-        wake_weights = getattr(self.engine, "wake_weights", None)
-        if self.asleep and wake_weights is not None:
-            wake_weights()
+        if self.asleep and isinstance(self.engine, WakesInStages):
+            self.engine.wake_weights()
         else:
             self.wake()
         start = time.perf_counter()
@@ -98,18 +97,18 @@ class RolloutWorker:
     # ---- device-to-device weight sync (toolbox.engines.nccl_sync; the driver side is toolbox.actors.device_sync)
     def sync_workers(self) -> int:
         """The NCCL ranks this worker's engine takes in the sync group (its tensor-parallel workers)."""
-        return int(getattr(self.engine, "sync_workers", 1))
+        return device_syncable(self.engine).sync_workers
 
     def open_weight_sync(self, init_info: dict[str, Any], manifest: list[Any]) -> None:
         """Join learner rank 0's NCCL group (concurrently with the learner's `open_weight_sync`)."""
-        self.engine.open_device_sync(init_info, manifest)
+        device_syncable(self.engine).open_device_sync(init_info, manifest)
 
     def receive_weights(self) -> float:
         """One NCCL round from learner rank 0 (whose `send_weights` runs meanwhile), or with the shared-memory sync
         open the next generation of its pool once published; returns the seconds it took."""
         if self.reader is not None:
             return self._receive_shared()
-        return self._load(self.engine.receive_weights)
+        return self._load(device_syncable(self.engine).receive_weights)
 
     # ---- same-node shared-memory weight sync (toolbox.rl.shared_weights; the driver side is toolbox.actors.shared_sync)
     def open_shared_sync(self, pool: SharedPool, timeout_s: float = 600.0, recovering: bool = False) -> str:
