@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from toolbox.envs.env_runner import EnvRunner
-from toolbox.trainers.roles import EnvRollout
+from toolbox.rl.roles import EnvRollout
 
 from .resolve import node_info, resolve, share
 

@@ -1,6 +1,6 @@
 """Typed role groups: one small facade per role over a `WorkerGroup` / `LocalGroup`.
 
-Trainers call these methods (checked by mypy against `toolbox.trainers.roles`), and these
+Trainers call these methods (checked by mypy against `toolbox.rl.roles`), and these
 call the workers' own methods (``self.group.submit(RolloutWorker.generate, ...)``), so
 mypy checks each hop from the trainer to the worker. Where two worker classes serve one
 role (a reward group of `RewardWorker`s, or of `RolloutWorker`s scoring their own batches),
@@ -20,8 +20,7 @@ from toolbox.core.pending import Kept, Pending, T
 from toolbox.engines.base import SamplingConfig
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import PromptRequest, RolloutBatch
-from toolbox.tracing.entries import StepSamples, TraceRequest
-from toolbox.trainers.roles import (
+from toolbox.rl.roles import (
     EnvLearnerRole,
     EnvRollout,
     EnvRunnerRole,
@@ -32,6 +31,7 @@ from toolbox.trainers.roles import (
     RolloutRole,
     WeightRefs,
 )
+from toolbox.tracing.entries import StepSamples, TraceRequest
 
 from .calls import Args, W
 from .env_runner import EnvRunnerWorker

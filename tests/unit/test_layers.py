@@ -28,8 +28,6 @@ RANK = {name: i for i, (_, names) in enumerate(LAYERS.items()) for name in names
 TOP = len(LAYERS)
 
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("toolbox.actors.env_runner", "toolbox.trainers.roles"): "role Protocols belong below the actors",
-    ("toolbox.actors.roles", "toolbox.trainers.roles"): "role Protocols belong below the actors",
     ("toolbox.callbacks.files", "toolbox.plot"): "the curve drawing belongs in the library, the CLI beside it",
     ("toolbox.callbacks.remote", "toolbox.trainers.watch"): "the watched-metric names belong below the callbacks",
     ("toolbox.config.loader", "toolbox.algorithms"): "algorithm configs registered, not imported by config/",

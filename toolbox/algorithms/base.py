@@ -13,8 +13,8 @@ from toolbox.config.algorithm import AlgorithmConfig
 from toolbox.core.events import EventBus
 from toolbox.core.registry import Registry, Spec
 from toolbox.data.prompts import PromptSource
+from toolbox.rl.roles import PolicyLearnerRole, RewardRole, RolloutRole
 from toolbox.trainers.base import BaseTrainer
-from toolbox.trainers.roles import PolicyLearnerRole, RewardRole, RolloutRole
 
 if TYPE_CHECKING:
     from toolbox.engines.placement import SyncPath

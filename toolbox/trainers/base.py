@@ -23,8 +23,8 @@ import torch
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import Event, EventBus
 from toolbox.core.retry import retry_counts
+from toolbox.rl.roles import CheckpointRole, StatefulRole
 from toolbox.trainers import checkpoints
-from toolbox.trainers.roles import CheckpointRole, StatefulRole
 from toolbox.trainers.watch import MetricWatch, keep_best
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from toolbox.core.errors import WorkerError
+from toolbox.rl.roles import Metrics
 from toolbox.trainers.checkpoints import latest_checkpoint
-from toolbox.trainers.roles import Metrics
 
 if TYPE_CHECKING:
     from toolbox.trainers.online import OnlineTrainer

@@ -13,8 +13,8 @@ from typing import Any
 
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import EventBus
+from toolbox.rl.roles import CheckpointRole, OfflineLearnerRole
 from toolbox.trainers.base import BaseTrainer
-from toolbox.trainers.roles import CheckpointRole, OfflineLearnerRole
 
 
 class OfflineTrainer(BaseTrainer):

@@ -39,11 +39,7 @@ from toolbox.engines.base import SamplingConfig
 from toolbox.learner.throughput import step_rates
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import PromptRequest, RolloutBatch
-from toolbox.rl.sampling import DynamicRounds, GroupShape, choose_groups, informative_groups
-from toolbox.tracing.entries import StepSamples, TraceRequest
-from toolbox.trainers.base import BaseTrainer
-from toolbox.trainers.healing import step_with_restarts, with_restarts
-from toolbox.trainers.roles import (
+from toolbox.rl.roles import (
     CheckpointRole,
     Metrics,
     PolicyLearnerRole,
@@ -51,6 +47,10 @@ from toolbox.trainers.roles import (
     RolloutRole,
     StatefulRole,
 )
+from toolbox.rl.sampling import DynamicRounds, GroupShape, choose_groups, informative_groups
+from toolbox.tracing.entries import StepSamples, TraceRequest
+from toolbox.trainers.base import BaseTrainer
+from toolbox.trainers.healing import step_with_restarts, with_restarts
 
 
 def mean_over_ranks(per_rank: list[Metrics]) -> Metrics:

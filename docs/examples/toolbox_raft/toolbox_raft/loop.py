@@ -4,7 +4,7 @@ One step chains four calls without waiting in between: generate (one shard of wh
 groups per rollout worker) -> score (each shard as soon as it is generated) -> update
 (rank 0 plans, every rank trains on its rows) -> export and load weights. The driver
 then waits once and sees only the metric dicts. The role groups are typed by the
-Protocols of `toolbox.trainers.roles`, so a test can hand the loop in-process fakes.
+Protocols of `toolbox.rl.roles`, so a test can hand the loop in-process fakes.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from toolbox.core.events import EventBus
 from toolbox.core.pending import wait
 from toolbox.data.prompts import PromptSource, split_groups
 from toolbox.engines.base import SamplingConfig
+from toolbox.rl.roles import Metrics, PolicyLearnerRole, RewardRole, RolloutRole, StatefulRole
 from toolbox.trainers.base import BaseTrainer
 from toolbox.trainers.online import greedy_reward, mean_over_ranks
-from toolbox.trainers.roles import Metrics, PolicyLearnerRole, RewardRole, RolloutRole, StatefulRole
 
 from toolbox_raft.config import RaftConfig
 

@@ -1,5 +1,6 @@
 """What driver loops need of each role: typed Protocols the real role groups (toolbox.actors.roles) and the test
-fakes both implement, so mypy holds trainers, groups and fakes together.
+fakes both implement, so mypy holds trainers, groups and fakes together. They sit in the library, below the actors
+that implement them and the trainers that call them, so both import down.
 
 Methods return `Pending` results at once; a loop chains them (``reward.score(rollout.generate(...))``)
 and waits once per step with `toolbox.core.pending.wait`. Bulk data (batches, rewards,
