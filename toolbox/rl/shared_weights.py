@@ -7,7 +7,7 @@ weights' size, laid out once from its state dict; a sync is one pass over the we
 copy, casting to the engines' dtype on the way) and the bump of a generation counter. Each engine maps every slot
 once, read-only, and re-points its parameters at views of the slot that holds the generation it waits for
 (`toolbox.rl.weights.load_into`): it copies nothing. Both sides' calls run at the same time, as the NCCL path's do:
-the engine waits (polling the counter, asleep between looks) until its generation is published.
+the engine sleeps on a pipe of its own, which the learner rings after each publish, until its generation is out.
 
 A slot is written only when no engine can still read it: each engine publishes the generation it holds in the pool's
 control block, and a slot whose generation is older than every engine's is free; otherwise the pool grows, up to
@@ -24,6 +24,7 @@ import contextlib
 import mmap
 import os
 import secrets
+import select
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ class SharedPool:
     offsets: list[int]
     slot_bytes: int
     readers: int
+    bells: tuple[int, ...] = ()  # per reader, the read end of the pipe the writer rings after each publish
 
 
 class SharedWeightsUnavailable(RuntimeError):
@@ -99,11 +101,15 @@ class SharedWeightsWriter:
         os.pwrite(self.control, self.nonce, 0)
         os.pwrite(self.control, np.full(MAX_SLOTS, -1, np.int64).tobytes(), NONCE + 8 * _GENS)
         self.slots: list[tuple[int, mmap.mmap, torch.Tensor]] = []
+        # One pipe per reader: a publish writes a byte to each, so a waiting reader wakes at once (no polling).
+        self.bells = [os.pipe() for _ in range(readers)]
+        for _, ring in self.bells:
+            os.set_blocking(ring, False)
 
     @property
     def pool(self) -> SharedPool:
         return SharedPool(os.getpid(), self.control, self.nonce, self.manifest, self.offsets, self.slot_bytes,
-                          self.readers)
+                          self.readers, tuple(bell for bell, _ in self.bells))
 
     @torch.no_grad()
     def publish(self, state: Mapping[str, torch.Tensor], timeout_s: float = 600.0) -> int:
@@ -123,6 +129,9 @@ class SharedWeightsWriter:
         self.generation += 1
         _set_word(self.control, _COPY_NS + slot, time.perf_counter_ns() - start)
         _set_word(self.control, _GENS + slot, self.generation)  # last: a reader that sees it sees the bytes too
+        for _, ring in self.bells:
+            with contextlib.suppress(BlockingIOError):  # a full pipe already wakes its reader
+                os.write(ring, b"\x01")
         return self.generation
 
     def _free_slot(self, timeout_s: float) -> int:
@@ -161,6 +170,9 @@ class SharedWeightsWriter:
                 mapping.close()
             os.close(fd)
         os.close(self.control)
+        for pair in self.bells:
+            for fd in pair:
+                os.close(fd)
 
 
 class SharedWeightsReader:
@@ -177,6 +189,7 @@ class SharedWeightsReader:
             raise SharedWeightsUnavailable(f"shared weight sync: /proc/{pool.pid}/fd/{pool.control_fd} is not learner "
                                            "rank 0's pool (another node or PID namespace)")
         self.slots: dict[int, mmap.mmap] = {}
+        self.bell = self._open(pool.bells[rank], os.O_RDONLY | os.O_NONBLOCK) if pool.bells else None
 
     def _open(self, fd: int, flags: int) -> int:
         path = f"/proc/{self.pool.pid}/fd/{fd}"
@@ -187,8 +200,8 @@ class SharedWeightsReader:
                                            f"({err.strerror}): not on this node, or the learner is gone") from err
 
     def wait(self, generation: int, timeout_s: float = 600.0) -> list[WeightBucket]:
-        """The tensors of ``generation`` once it is published (views of its slot, no copy). Between looks the
-        reader sleeps a twentieth of the time waited so far (50 us to 2 ms): it wakes within 5% of the wait."""
+        """The tensors of ``generation`` once it is published (views of its slot, no copy). The reader sleeps on its
+        pipe until the writer rings it after a publish (looking every second whether the learner still lives)."""
         start = time.monotonic()
         while (slot := self._slot_of(generation)) is None:
             waited = time.monotonic() - start
@@ -198,13 +211,22 @@ class SharedWeightsReader:
             if waited > 1.0 and not os.path.exists(f"/proc/{self.pool.pid}"):
                 raise SharedWeightsUnavailable(f"shared weight sync: learner rank 0 (pid {self.pool.pid}) is gone "
                                                f"before publishing generation {generation}")
-            time.sleep(min(2e-3, max(5e-5, waited / 20)))
+            self._sleep(min(1.0, timeout_s - waited))
         self.copy_s = _word(self.control, _COPY_NS + slot) / 1e9
         return [self._bucket(slot)]
 
     def held(self) -> int:
         """The generation this reader rank last said it holds (0: none), as the control block records it."""
         return _word(self.control, _HELD + self.rank)
+
+    def _sleep(self, seconds: float) -> None:
+        """Until the writer rings (or ``seconds`` pass); the rings so far are drained, the caller looks again."""
+        if self.bell is None:
+            time.sleep(min(seconds, 1e-3))
+            return
+        select.select([self.bell], [], [], max(0.0, seconds))
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.bell, 4096)
 
     def hold(self, generation: int) -> None:
         """Tell the writer this reader now uses ``generation`` (older slots may be written again)."""
