@@ -66,3 +66,14 @@ def test_resumed_run_repeats_the_uninterrupted_one_bit_for_bit(algorithm: str, t
     assert len(whole) == N and len(resumed.history) == N - K
     for step, (want, got) in enumerate(zip(whole[K:], resumed.history), start=K + 1):
         assert numbers(got) == numbers(want), f"{algorithm}: step {step} differs after resuming from step {K}"
+
+
+def test_batches_sampled_ahead_that_the_resumed_plan_would_not_take_are_sampled_again(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """The default recipe's checkpoint holds steps 3-4 sampled with the initial weights; resumed synchronously
+    (``rollout.max_staleness=0``), those batches lag too much for the run's plan: dropped, said, sampled anew."""
+    _, whole_dir = uninterrupted("grpo_ahead", tmp_path_factory)
+    resumed = fit(tmp_path, "sync", *CASES["grpo_ahead"], "rollout.max_staleness=0", "rollout.steps_per_generation=1",
+                  f"trainer.resume_from={whole_dir / 'checkpoints' / f'step_{K}'}")
+    assert f"steps {[K, K + 1]} are sampled again" in caplog.text
+    assert [m["staleness"] for m in resumed.history] == [0.0] * (N - K)

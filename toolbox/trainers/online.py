@@ -23,6 +23,7 @@ step runs), so no batch lags more than ``max_staleness`` versions.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ from toolbox.rl.sampling import DynamicRounds, GroupShape, choose_groups, inform
 from toolbox.tracing.entries import StepSamples, TraceRequest
 from toolbox.trainers.base import BaseTrainer
 from toolbox.trainers.healing import step_with_restarts, with_restarts
+
+log = logging.getLogger(__name__)
 
 
 def mean_over_ranks(per_rank: list[Metrics]) -> Metrics:
@@ -292,9 +295,18 @@ class OnlineTrainer(BaseTrainer):
         return {**super().state_dict(), "ahead": ahead}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The roles' states, and the rounds sampled ahead handed back to the workers' groups for later calls."""
+        """The roles' states, and the rounds sampled ahead handed back to the workers' groups for later calls; a
+        round this run's plan would not train on (beyond ``trainer.total_steps``, or lagging more than
+        ``rollout.max_staleness``, both changed since the checkpoint) is dropped and its step sampled anew."""
         super().load_state_dict(state)
-        for step, saved in state.get("ahead", {}).items():
+        saved_ahead: dict[int, dict[str, Any]] = state.get("ahead", {})
+        fits = {step: saved for step, saved in saved_ahead.items()
+                if step < self.cfg.total_steps and step - saved["version"] <= self.max_staleness}
+        if len(fits) < len(saved_ahead):
+            log.warning("the checkpoint holds batches sampled ahead for steps %s; steps %s are sampled again (this "
+                        "run's total_steps or max_staleness does not take them), so the resumed run is not "
+                        "bit-exact", sorted(saved_ahead), sorted(set(saved_ahead) - set(fits)))
+        for step, saved in fits.items():
             self.ahead[step] = Round(self.rollout.hold(saved["batches"]), self.reward.hold(saved["rewards"]),
                                      saved["shards"], saved["version"])
 
