@@ -1,4 +1,4 @@
-"""The algorithm registry and the wiring shared by several algorithms (online policy loop, offline loop)."""
+"""The wiring shared by several algorithms (online policy loop, offline loop)."""
 
 from __future__ import annotations
 
@@ -20,23 +20,8 @@ if TYPE_CHECKING:
     from toolbox.engines.placement import SyncPath
     from toolbox.experiment import ExperimentBuilder
 
-Wiring = Callable[["ExperimentBuilder", EventBus], BaseTrainer]
-
-ALGORITHMS: Registry[BaseTrainer] = Registry("algorithm")
+Wiring = Callable[["ExperimentBuilder", EventBus], BaseTrainer]  # what `register_algorithm` decorates
 log = logging.getLogger(__name__)
-
-
-def register_algorithm(name: str, config: type[AlgorithmConfig]) -> Callable[[Wiring], Wiring]:
-    """Decorator on an algorithm's wiring: ``@register_algorithm("grpo", GRPOConfig)``.
-
-    ``config.name`` must default to ``name`` (a ``Literal[name]`` field), so a section that
-    names the algorithm validates into this class.
-    """
-    default = config.model_fields["name"].default
-    if default != name:
-        raise ValueError(f"algorithm {name!r}: {config.__name__}.name defaults to {default!r}; make it "
-                         f"`name: Literal[{name!r}] = {name!r}`")
-    return ALGORITHMS.register(name, config=config)
 
 
 @dataclass

@@ -1,10 +1,11 @@
 """`AlgorithmConfig`: the base of every algorithm's config section, and what each one states about itself.
 
 The config union of `ExperimentConfig.algorithm` is built from the algorithm registry
-(`toolbox.algorithms.ALGORITHMS`): the ``name`` of the section picks the registered
-config class, which validates the rest with ``extra="forbid"``. So a plugin's algorithm
-is a first-class config section, and a field the chosen algorithm does not use is an
-error that names it.
+(`ALGORITHMS`, here, below the algorithms that fill it): the ``name`` of the section picks the
+registered config class, which validates the rest with ``extra="forbid"``. So a plugin's
+algorithm is a first-class config section, and a field the chosen algorithm does not use is
+an error that names it. The built-in algorithms register when `toolbox.algorithms.builtin`
+is imported, which the registry does on its first lookup, as it loads plugins.
 
 An algorithm describes itself here (`models`, `batch`), so the tools that plan or export a run
 (``--dry-run``, `toolbox.export`) read its description instead of telling algorithms apart by their classes.
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from toolbox.core.registry import Registry
 
 if TYPE_CHECKING:
     from toolbox.config.schema import ExperimentConfig
@@ -87,3 +90,28 @@ class AlgorithmConfig(BaseModel):
     def batch(self, exp: ExperimentConfig) -> BatchShape | None:
         """One step's batch; ``None``: the algorithm does not say (a dry run then prints no batch arithmetic)."""
         return None
+
+
+# The entries' factories are the algorithms' wirings (`toolbox.algorithms.base.Wiring`: builder and event bus in,
+# trainer out); their types live above this layer, so the registry holds them untyped.
+ALGORITHMS: Registry[Any] = Registry("algorithm", builtins="toolbox.algorithms.builtin")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def register_algorithm(name: str, config: type[AlgorithmConfig]) -> Callable[[F], F]:
+    """Decorator on an algorithm's wiring: ``@register_algorithm("grpo", GRPOConfig)``.
+
+    ``config.name`` must default to ``name`` (a ``Literal[name]`` field), so a section that
+    names the algorithm validates into this class.
+    """
+    default = config.model_fields["name"].default
+    if default != name:
+        raise ValueError(f"algorithm {name!r}: {config.__name__}.name defaults to {default!r}; make it "
+                         f"`name: Literal[{name!r}] = {name!r}`")
+    register = ALGORITHMS.register(name, config=config)
+
+    def deco(wiring: F) -> F:
+        register(wiring)
+        return wiring
+
+    return deco

@@ -194,7 +194,7 @@ def group_fragment(group: str, name: str) -> tuple[str, dict[str, Any]]:
     if path.is_file():
         return f"{group}={name} ({path})", _read_yaml(path)
     if group == "algorithm":
-        from toolbox.algorithms import ALGORITHMS
+        from toolbox.config.algorithm import ALGORITHMS
 
         if name in ALGORITHMS:
             return f"{group}={name}", {"algorithm": {"name": name}}

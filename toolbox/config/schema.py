@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from toolbox.callbacks import CALLBACKS
-from toolbox.config.algorithm import DEFAULT_ALGORITHM, AlgorithmConfig
+from toolbox.config.algorithm import ALGORITHMS, DEFAULT_ALGORITHM, AlgorithmConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.paths import DEFAULT_EXPERIMENT
 from toolbox.core.registry import Spec, SpecOf
@@ -55,8 +55,6 @@ def algorithm_config(section: Any) -> AlgorithmConfig:
     """
     if isinstance(section, AlgorithmConfig):
         return section
-    from toolbox.algorithms import ALGORITHMS
-
     config = ALGORITHMS.parse(section, default=DEFAULT_ALGORITHM)
     assert isinstance(config, AlgorithmConfig), f"algorithm {config!r} registered no AlgorithmConfig class"
     return config

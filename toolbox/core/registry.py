@@ -9,10 +9,14 @@ an injected dependency only when the factory's signature accepts it. A config fi
 
 Third-party packages add entries through the ``toolbox.plugins`` entry-point group: each entry point
 is a module (or callable) that is imported/called once, and registers its entries as a side effect.
+A registry defined low in the layers whose built-in entries live higher up (the algorithm registry, in
+config/, filled by toolbox/algorithms/) names its registration module (``builtins``) the same way: it is
+imported on the first lookup, so the low layer never imports the high one.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import inspect
 from collections.abc import Callable, Collection, Mapping
@@ -49,10 +53,17 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """A name -> factory table for one extension point. Refuses duplicate names."""
 
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
+    def __init__(self, kind: str, builtins: str = "") -> None:
+        """``builtins``: the module whose import registers the built-in entries (imported on the first lookup)."""
+        self.kind, self.builtins = kind, builtins
         self._entries: dict[str, Entry[T]] = {}
         self._spec_models: dict[str, type[BaseModel]] = {}
+
+    def _load(self) -> None:
+        """The built-in entries, then every plugin's, registered (once) before a lookup."""
+        if self.builtins:
+            importlib.import_module(self.builtins)  # a no-op once imported
+        load_plugins()
 
     def register(
         self, name: str, *, config: type[BaseModel] | None = None
@@ -79,17 +90,17 @@ class Registry(Generic[T]):
         self._spec_models.pop(name, None)
 
     def names(self) -> list[str]:
-        load_plugins()
+        self._load()
         return sorted(self._entries)
 
     def get(self, name: str) -> Entry[T]:
-        load_plugins()
+        self._load()
         if name not in self._entries:
             raise RegistryError(f"unknown {self.kind} {name!r}; registered: {', '.join(self.names()) or 'none'}")
         return self._entries[name]
 
     def __contains__(self, name: str) -> bool:
-        load_plugins()
+        self._load()
         return name in self._entries
 
     def spec_model(self, name: str) -> type[BaseModel]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from toolbox.algorithms.base import policy_wiring, register_algorithm
+from toolbox.algorithms.base import policy_wiring
 from toolbox.algorithms.ppo.config import PPOConfig
+from toolbox.config.algorithm import register_algorithm
 from toolbox.core.events import EventBus
 from toolbox.trainers.base import BaseTrainer
 

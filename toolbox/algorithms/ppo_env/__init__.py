@@ -6,8 +6,8 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from toolbox.algorithms.base import register_algorithm
 from toolbox.algorithms.ppo_env.config import PPOEnvConfig
+from toolbox.config.algorithm import register_algorithm
 from toolbox.core.events import EventBus
 from toolbox.trainers.base import BaseTrainer
 
