@@ -1,5 +1,5 @@
-"""The mixture-of-experts router loss (`toolbox.learner.router.RouterLoss`) on a tiny Qwen2MoE: it is the model's own
-``aux_loss`` with its gradient, and every learner family (SFT, DPO, reward model, GRPO, PPO, online DPO) adds
+"""The mixture-of-experts router loss (`toolbox.learner.router.RouterLoss`) on a tiny Qwen2MoE (and Mixtral): it is the
+model's own ``aux_loss`` with its gradient, and every learner family (SFT, DPO, reward model, GRPO, PPO, online DPO) adds
 ``coef x`` it to what it back-propagates and reports it as ``moe_aux_loss``."""
 
 from __future__ import annotations
@@ -39,8 +39,18 @@ def _gate_grads(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.grad.flatten() for n, p in model.named_parameters() if n.endswith(GATE) and p.grad is not None])
 
 
-def test_router_loss_is_the_models_aux_loss_with_its_gradient(tiny_moe_dir: Path) -> None:
-    model = load_causal_lm(str(tiny_moe_dir), "float32")
+def _tiny_mixtral() -> torch.nn.Module:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    return MixtralForCausalLM(MixtralConfig(vocab_size=20, hidden_size=32, intermediate_size=64, num_local_experts=4,
+                                            num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                                            num_key_value_heads=2, max_position_embeddings=64))
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "mixtral"])
+def test_router_loss_is_the_models_aux_loss_with_its_gradient(tiny_moe_dir: Path, arch: str) -> None:
+    model = load_causal_lm(str(tiny_moe_dir), "float32") if arch == "qwen2_moe" else _tiny_mixtral()
     ids = torch.randint(3, 15, (2, 6), generator=torch.Generator().manual_seed(0))
     mask = torch.ones(2, 6, dtype=torch.long)
     mask[0, :2] = 0  # left padding: left out of the router statistics by the 2-D mask

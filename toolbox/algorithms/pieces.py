@@ -134,7 +134,7 @@ class OffPolicy(Piece):
     tis_cap: float | None = Field(None, ge=0, description="Truncated importance sampling: each token's policy loss is "
                                   "weighted by min(pi_old / pi_behaviour, tis_cap), pi_behaviour being the engine's "
                                   "log-prob when it sampled the token. Unset: 2.0 when rollout.max_staleness > 0, off "
-                                  "when it is 0; 0: off.")
+                                  "when it is 0 (offline_grpo: 2.0 with importance=truncated); 0: off.")
 
 
 def check_off_policy(exp: ExperimentConfig, a: OffPolicy) -> None:

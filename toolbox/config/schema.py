@@ -185,7 +185,8 @@ class TrainerConfig(BaseModel):
     export: bool = Field(False, description="At the end of training, write the final policy as a Hugging Face model "
                          "directory (safetensors, config, tokenizer, generation config) to RUN_DIR/hf (LLM algorithms).")
     log_samples_every: int = Field(10, ge=0, description="Every N steps (from the first), record a few prompts' "
-                                   "samples (text, reward and its components, advantage, finish reason) to "
+                                   "samples (text, token ids, behaviour log-probs, reward and its components, "
+                                   "advantage, finish reason) to "
                                    "RUN_DIR/samples.jsonl and the trackers (rollout-based algorithms); 0: never.")
     log_samples: int = Field(4, ge=1, description="Prompts recorded each time, with every sample of their group.")
     shared_fs: bool = Field(False, description="Assert that run_root is on a filesystem every Ray node sees (NFS, a "

@@ -17,8 +17,10 @@ if TYPE_CHECKING:
 
 @register_algorithm("offline_grpo", OfflineGRPOConfig)
 def wire(builder: ExperimentBuilder, bus: EventBus) -> BaseTrainer:
-    """GRPO on a run's samples.jsonl or a dataset of groups with rewards and behaviour log-probs, importance-corrected;
-    the summary tracks the loss and how far the policy moved from the one that sampled them (behaviour_kl)."""
+    """GRPO on stored rollouts (samples.jsonl, or groups with rewards and behaviour log-probs), importance-corrected.
+
+    No rollout or reward workers; the summary tracks the loss and how far the policy moved from the one that sampled
+    the rollouts (behaviour_kl)."""
     from toolbox.algorithms.offline_grpo.learner import OfflineGRPOLearner
 
     return offline_wiring(builder, bus, OfflineGRPOLearner, ("loss", "behaviour_kl"))

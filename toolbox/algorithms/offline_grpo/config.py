@@ -24,18 +24,18 @@ Importance = Literal["truncated", "ratio"]
 
 
 class OfflineGRPOConfig(AlgorithmConfig, GRPOUpdate):
-    """The algorithm section of GRPO (or RLOO, Dr. GRPO, ...: ``advantage``, ``loss``) trained on stored rollouts."""
+    """The algorithm section of GRPO (or RLOO, Dr. GRPO, ...: ``advantage``, ``loss``) trained on stored rollouts.
+
+    ``prompts_per_step`` counts the stored groups of a step, ``group_size`` the samples every stored group has (a
+    group of another size is a bad row), ``temperature`` must be the one the rollouts were sampled at (their
+    behaviour log-probs are at it), and an unset ``tis_cap`` is 2.0 with ``importance=truncated``, 0 with ``ratio``.
+    """
 
     name: Literal["offline_grpo"] = Field("offline_grpo", description="Algorithm: selects the config, learner, loop "
                                           "and wiring.")
     dataset: str = Field("", description="The stored rollouts: a run's RUN_DIR/samples.jsonl, or a .jsonl/.parquet/... "
                          "dataset of group rows {prompt or prompt_ids, responses (token ids), logprobs, rewards} "
-                         "(docs/algorithms/offline-grpo.md).")
-    prompts_per_step: int = Field(16, ge=1, description="Stored groups a step trains on.")
-    group_size: int = Field(8, ge=1, description="Samples of every stored group (a group of another size is a bad row).")
-    tis_cap: float | None = Field(None, ge=0, description="importance=truncated: each token's policy loss is weighted "
-                                  "by min(pi_old / pi_behaviour, tis_cap). Unset: 2.0 with importance=truncated, 0 "
-                                  "(no weight) with importance=ratio.")
+                         "(docs/algorithms/grpo.md, GRPO on stored rollouts).")
     importance: Importance = Field("truncated", description="How the loss corrects for the tokens having been sampled "
                                    "by the behaviour policy: truncated: each token's loss weighted by min(pi_old / "
                                    "pi_behaviour, tis_cap) (the loss's ratio against the learner's own pi_old); ratio: "
