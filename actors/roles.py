@@ -100,6 +100,7 @@ class EngineGroup(RoleGroup[W]):
     """Workers that hold a copy of the policy and load the learner's exported weights."""
 
     device_sync = False  # set by toolbox.actors.device_sync.open_nccl_sync: weights arrive over a device path
+    shared_sync = False  # set by toolbox.actors.shared_sync.open_shared_sync: weights arrive through shared memory
 
     def update_weights(self: EngineGroup[WeightLoadingWorker], weights: Pending[WeightRefs]) -> Pending[float]:
         """Every worker loads rank 0's buckets once the export finished (its next call waits for this one)."""
@@ -113,6 +114,10 @@ class RolloutGroup(EngineGroup[RolloutWorker], RolloutRole):
     def update_weights(self, weights: Pending[WeightRefs]) -> Pending[float]:
         """As `EngineGroup.update_weights`; with `device_sync` every worker receives learner rank 0's broadcast
         instead, without waiting for the export call (which is the send, running at the same time)."""
+        if self.shared_sync:
+            # Rank 0's generation once it is written: the call leaves the driver only then, so a restarted worker's
+            # retried calls (its generate) keep their place before it
+            return self.group.each(RolloutWorker.receive_weights, weights.handles[0])
         if self.device_sync:
             return self.group.each(RolloutWorker.receive_weights)
         return super().update_weights(weights)

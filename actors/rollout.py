@@ -103,11 +103,12 @@ class RolloutWorker:
         """Join learner rank 0's NCCL group (concurrently with the learner's `open_weight_sync`)."""
         device_syncable(self.engine).open_device_sync(init_info, manifest)
 
-    def receive_weights(self) -> float:
+    def receive_weights(self, generation: int = 0) -> float:
         """One NCCL round from learner rank 0 (whose `send_weights` runs meanwhile), or with the shared-memory sync
-        open the next generation of its pool once published; returns the seconds it took."""
+        open the pool's ``generation`` (rank 0's `send_weights` result; 0: the next one); returns the seconds it
+        took."""
         if self.reader is not None:
-            return self._receive_shared()
+            return self._receive_shared(generation or self.reader.generation + 1)
         return self._load(device_syncable(self.engine).receive_weights)
 
     # ---- same-node shared-memory weight sync (toolbox.rl.shared_weights; the driver side is toolbox.actors.shared_sync)
@@ -127,11 +128,14 @@ class RolloutWorker:
         self.pool_remembered = recovering
         return ""
 
-    def _receive_shared(self) -> float:
-        """The next generation, once published, loaded; returns the sync's own seconds: the learner's write of the
-        slot and this load, not the wait for the learner (its update)."""
+    def _receive_shared(self, generation: int) -> float:
+        """``generation``, once published, loaded; returns the sync's own seconds: the learner's write of the slot
+        and this load, not the wait for the learner (its update). A generation this rank already holds (a call retried
+        on a restarted process that recovered it) loads nothing."""
         assert self.reader is not None
-        reader, generation = self.reader, self.reader.generation + 1
+        reader = self.reader
+        if generation <= reader.generation:
+            return 0.0
         buckets = reader.wait(generation, self.shared_timeout_s)
         seconds = self._load(lambda: self.engine.update_weights(buckets)) + reader.copy_s
         reader.hold(generation)

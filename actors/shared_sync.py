@@ -35,7 +35,7 @@ def open_shared_sync(learner: object, engines: object, dtype: str = "") -> bool:
     if refused:
         log.warning("weight sync: shared memory chosen, but %s: falls back to the object store", refused)
         return False
-    learner.device_sync = engines.device_sync = True
+    learner.device_sync = engines.device_sync = engines.shared_sync = True
     learner.sync_timeout_s = timeout_s
     replace = getattr(learner.group, "on_replace", None)
     if hasattr(learner.group, "on_replace"):  # a learner group started anew opens a new pool, the engines attach

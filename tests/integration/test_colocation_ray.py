@@ -35,7 +35,7 @@ def test_colocated_run_shares_bundles_and_finishes(ray_session: None, tmp_path: 
         assert rollout.node_ids == learner.node_ids
         bundles = placement_group_table(builder._colocated_pg)["bundles"]
         assert bundles[0] == {"CPU": cfg.rollout.cpus_per_worker + cfg.learner.cpus_per_worker}
-        assert "weight sync: object_store (the hf engine loads CPU buckets itself)" in caplog.text
+        assert "weight sync: shared_memory (learner rank 0 and every hf engine on one node)" in caplog.text
         summary = trainer.fit()
         assert summary["steps"] == 1
     finally:
