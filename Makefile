@@ -37,7 +37,7 @@ bench: setup
 	$(BIN)/python -m toolbox.bench ppo_cartpole
 
 docs: setup  ## regenerate the configuration reference and component catalog
-	$(BIN)/python -m toolbox.cli docs
+	$(BIN)/python -m toolbox.commands.cli docs
 
 docs-site: setup  ## build the documentation site into site/ (MkDocs, strict: a broken link or a page left out fails)
 	$(BIN)/mkdocs build --strict

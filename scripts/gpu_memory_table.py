@@ -1,4 +1,4 @@
-"""Print docs/gpus.md's table "What fits on 80 GB GPUs": the dry run's memory plan (`toolbox.gpu_plan`) of GRPO on
+"""Print docs/gpus.md's table "What fits on 80 GB GPUs": the dry run's memory plan (`toolbox.driver.gpu_plan`) of GRPO on
 Qwen2.5-0.5B / 1.5B / 7B and Llama-3.1-8B, on 1 and 8 GPUs, colocated and split, from the published architectures
 (`toolbox.models.architectures`; nothing is downloaded).
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 
 from toolbox.config import load_config
-from toolbox.dry_run import GiB, model_shape
-from toolbox.gpu_plan import gpu_plan
+from toolbox.driver.dry_run import GiB, model_shape
+from toolbox.driver.gpu_plan import gpu_plan
 
 MODELS = ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct",
           "meta-llama/Llama-3.1-8B-Instruct")

@@ -8,7 +8,7 @@ from typing import Any
 
 from toolbox.config import load_config
 from toolbox.core.events import Event
-from toolbox.experiment import ExperimentBuilder
+from toolbox.driver.experiment import ExperimentBuilder
 
 
 class Stopped(Exception):

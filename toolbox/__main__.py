@@ -1,3 +1,3 @@
-from toolbox.run import main
+from toolbox.commands.run import main
 
 raise SystemExit(main())

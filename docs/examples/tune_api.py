@@ -17,8 +17,8 @@ from pathlib import Path
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
+from toolbox.commands.tune import SCORE, toolbox_trainable
 from toolbox.config import load_config
-from toolbox.tune import SCORE, toolbox_trainable
 
 
 def main(overrides: list[str]) -> tune.ResultGrid:

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 
 def test_cli_rejects_bad_config_before_the_run_starts(tmp_path: Path) -> None:
     """No run directory, exit 2, the field named; the local instance started while the config loaded
-    (`toolbox.local_ray.EarlyRay`) is shut down without a word."""
+    (`toolbox.driver.local_ray.EarlyRay`) is shut down without a word."""
     out = subprocess.run([sys.executable, "-m", "toolbox.run", "learner.num_workers=3", f"trainer.run_root={tmp_path}"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2

@@ -107,7 +107,7 @@ def test_a_sweep_trial_places_actors_on_both_nodes(two_nodes: dict[str, str], tm
     sweep.write_text(f"experiment: grpo_tiny_fsdp2\noverrides: {json.dumps(SPLIT[1:])}\n"
                      "param_space:\n  algorithm.kl_coef: {grid: [0.0]}\n")
     out = run([f"sweep={sweep}", f"trainer.run_root={tmp_path / 'sweep'}", "trainer.shared_fs=true"], two_nodes,
-              module="toolbox.tune")
+              module="toolbox.commands.tune")
     assert out.returncode == 0, out.stderr[-3000:]
     (trial_dir,) = (tmp_path / "sweep").glob("sweeps/*/runs/run_trial_*")
     nodes = json.loads((trial_dir / "nodes.json").read_text())

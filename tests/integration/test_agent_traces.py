@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests import stopped_runs
-from toolbox.cli import main as toolbox
+from toolbox.commands.cli import main as toolbox
 from toolbox.data.offline import load_records
 from toolbox.tracing.datasets import read_samples
 

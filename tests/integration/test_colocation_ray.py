@@ -10,7 +10,7 @@ import pytest
 from ray.util.placement_group import placement_group_table
 
 from toolbox.config import load_config
-from toolbox.experiment import ExperimentBuilder
+from toolbox.driver.experiment import ExperimentBuilder
 
 pytestmark = pytest.mark.integration
 

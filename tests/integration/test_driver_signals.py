@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from toolbox.watchdog import Proc, _start_time, descendants
+from toolbox.driver.watchdog import Proc, _start_time, descendants
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")]
 
@@ -63,7 +63,7 @@ def survivors(procs: set[Proc], within_s: float) -> set[str]:
 
 def test_sigkill_of_the_driver_leaves_no_ray_process(tmp_path: Path) -> None:
     driver = start_run(tmp_path)
-    procs = wait_for(driver, {"ray::DashboardAgent", "ray::RuntimeEnvAgent", "toolbox.watchdog"})
+    procs = wait_for(driver, {"ray::DashboardAgent", "ray::RuntimeEnvAgent", "toolbox.driver.watchdog"})
     time.sleep(3.0)  # the watchdog lists the driver's descendants every 0.5 s (a loaded machine: a few rounds)
     killed = time.monotonic()
     driver.kill()

@@ -1,5 +1,5 @@
 """Models out and evaluation on a real local Ray: a run with 2 FSDP2 learner ranks exports RUN_DIR/hf (gathered
-from the shards), `toolbox.export` converts the 2-rank DCP checkpoint to the same logits, and `toolbox.eval`
+from the shards), `toolbox.commands.export` converts the 2-rank DCP checkpoint to the same logits, and `toolbox.commands.eval`
 scores the export on 2 rollout workers (Ray actors)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from toolbox import eval as toolbox_eval
-from toolbox import export as toolbox_export
-from toolbox import run as toolbox_run
+from toolbox.commands import eval as toolbox_eval
+from toolbox.commands import export as toolbox_export
+from toolbox.commands import run as toolbox_run
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from toolbox.actors.rollout import RolloutWorker
 
 from toolbox.config import load_config
 from toolbox.core.errors import WorkerError
-from toolbox.experiment import ExperimentBuilder
+from toolbox.driver.experiment import ExperimentBuilder
 from toolbox.models.loading import load_causal_lm
 
 pytestmark = pytest.mark.integration

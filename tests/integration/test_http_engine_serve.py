@@ -1,4 +1,4 @@
-"""GRPO on local Ray whose rollouts come from our own server (`python -m toolbox.serve`) via the http engine.
+"""GRPO on local Ray whose rollouts come from our own server (`python -m toolbox.commands.serve`) via the http engine.
 
 The server runs as a subprocess on a free 127.0.0.1 port with its admin token set, on the same tiny model
 directory the run trains. After every step the rollout worker has pushed the learner's weights
@@ -25,9 +25,9 @@ from toolbox.actors.learner import LearnerWorker
 
 from toolbox.config import load_config
 from toolbox.core.events import Event
+from toolbox.driver.experiment import WORKER_ENV, ExperimentBuilder, resolve_model_path
 from toolbox.engines.base import SamplingConfig
 from toolbox.engines.http import HTTPEngine, HTTPEngineConfig
-from toolbox.experiment import WORKER_ENV, ExperimentBuilder, resolve_model_path
 from toolbox.models.loading import load_causal_lm
 from toolbox.models.logprobs import response_logprobs
 from toolbox.rl.batch import PromptRequest
@@ -55,7 +55,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture
 def served(model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """``python -m toolbox.serve`` on ``model_dir``, weight updates on; yields its base URL (.../v1)."""
+    """``python -m toolbox.commands.serve`` on ``model_dir``, weight updates on; yields its base URL (.../v1)."""
     yield from serve(model_dir, tmp_path, monkeypatch, "max_batch_size=128", "log_level=warning")
 
 
@@ -73,21 +73,21 @@ def serve(model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *opti
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(  # noqa: S603 - our own module, fixed arguments
-            [sys.executable, "-m", "toolbox.serve", f"model={model_dir}", "engine=hf", "host=127.0.0.1",
+            [sys.executable, "-m", "toolbox.commands.serve", f"model={model_dir}", "engine=hf", "host=127.0.0.1",
              f"port={port}", *options], env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + 120
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"toolbox.serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+                pytest.fail(f"toolbox.commands.serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
             try:
                 if get_json(f"{base}/toolbox/info")["weight_update"] is True:
                     break
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"toolbox.serve did not answer on {base} in 120 s:\n{log_path.read_text()[-3000:]}")
+                pytest.fail(f"toolbox.commands.serve did not answer on {base} in 120 s:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.5)
         yield base
     finally:

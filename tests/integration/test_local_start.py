@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent("""
     import psutil, ray
     from toolbox.actors.group import WorkerGroup
     from toolbox.config import load_config
-    from toolbox.experiment import WORKER_ENV, actor_env, connect_ray
+    from toolbox.driver.experiment import WORKER_ENV, actor_env, connect_ray
 
     class Probe:
         def ready(self):
@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_a_local_instance_hands_its_started_workers_to_actors_with_the_worker_env() -> None:
-    from toolbox.experiment import WORKER_ENV
+    from toolbox.driver.experiment import WORKER_ENV
 
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -58,7 +58,7 @@ def test_a_local_instance_hands_its_started_workers_to_actors_with_the_worker_en
 EARLY = textwrap.dedent("""
     import json, time
     import ray
-    from toolbox.local_ray import LOCAL_DEFAULTS, EarlyRay
+    from toolbox.driver.local_ray import LOCAL_DEFAULTS, EarlyRay
 
     early = EarlyRay()  # in its thread, while this one carries on
     used = early.take(dict(LOCAL_DEFAULTS))

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.unit.wandb_offline import read_offline_run
+from toolbox.commands.traces import main as traces_main
 from toolbox.config import load_config
 from toolbox.data.offline import load_records
-from toolbox.experiment import ExperimentBuilder
-from toolbox.traces import main as traces_main
+from toolbox.driver.experiment import ExperimentBuilder
 from toolbox.tracing.datasets import read_samples
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from toolbox.actors.learner import LearnerWorker
 from toolbox.algorithms.offline_grpo.learner import stored_batch
 from toolbox.config import load_config
 from toolbox.data.rollouts import load_rollout_groups
-from toolbox.experiment import ExperimentBuilder
+from toolbox.driver.experiment import ExperimentBuilder
 from toolbox.models.loading import load_causal_lm, load_tokenizer
 from toolbox.models.logprobs import response_logprobs
 from toolbox.rl.advantages import grpo_advantages

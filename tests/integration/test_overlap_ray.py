@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from toolbox.config import load_config
-from toolbox.experiment import ExperimentBuilder
+from toolbox.driver.experiment import ExperimentBuilder
 
 pytestmark = pytest.mark.integration
 

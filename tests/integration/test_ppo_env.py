@@ -12,7 +12,7 @@ from toolbox.actors.env_runner import EnvRunnerWorker
 from toolbox.actors.learner import LearnerWorker
 
 from toolbox.config import load_config
-from toolbox.experiment import ExperimentBuilder
+from toolbox.driver.experiment import ExperimentBuilder
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import torch
 from toolbox.actors.learner import LearnerWorker
 
 from toolbox.config import load_config
-from toolbox.experiment import ExperimentBuilder
+from toolbox.driver.experiment import ExperimentBuilder
 from toolbox.models.loading import load_causal_lm
 
 pytestmark = pytest.mark.integration

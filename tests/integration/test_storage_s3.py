@@ -20,8 +20,8 @@ from moto.server import ThreadedMotoServer
 
 from tests import stopped_runs
 from tests.run_files import numbers
+from toolbox.commands.export import main as export_main
 from toolbox.core.storage import COMPLETE, RemoteDir
-from toolbox.export import main as export_main
 
 pytestmark = pytest.mark.integration  # a server on a local port
 

@@ -79,7 +79,7 @@ def test_reloaded_tokenizer_encodes_the_same_ids_and_keeps_the_chat_template(exp
 @pytest.fixture(scope="module")
 def served(exported: tuple[Path, Any]) -> Iterator[tuple[str, Any]]:
     """``toolbox serve model=RUN_DIR`` as its `main` builds it, on a free loopback port, with an API key."""
-    from toolbox.serve import build_server, parse_args, resolve_catalog_model
+    from toolbox.commands.serve import build_server, parse_args, resolve_catalog_model
     from toolbox.serving.app import create_app
     from toolbox.serving.background import free_port, serve_in_thread
 

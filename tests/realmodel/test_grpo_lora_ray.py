@@ -1,4 +1,4 @@
-"""Two GRPO steps with LoRA on SmolLM2 through `toolbox.run.main` on a local Ray (experiment grpo_smollm2_arith,
+"""Two GRPO steps with LoRA on SmolLM2 through `toolbox.commands.run.main` on a local Ray (experiment grpo_smollm2_arith,
 shrunk): both steps run with a finite loss, and the final checkpoint holds SmolLM2's base weights bit for bit beside
 adapters that trained (peft starts every B at zero), which the run's export wrote as its adapter.
 
@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from toolbox import run as toolbox_run
+from toolbox.commands import run as toolbox_run
 from toolbox.learner.checkpoint import load_model_weights
 from toolbox.learner.hf_export import base_model
 from toolbox.learner.lora import PEFT_PREFIX, LoraConfig, add_adapters

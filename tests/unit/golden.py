@@ -19,7 +19,7 @@ GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
 def run_recipe(tmp_path: Path, *overrides: str) -> list[dict[str, float]]:
     """A few steps of an experiment in-process (local mode, one rank), returning each step's metrics."""
     from toolbox.config import load_config
-    from toolbox.experiment import ExperimentBuilder
+    from toolbox.driver.experiment import ExperimentBuilder
 
     cfg = load_config([*overrides, "ray.local_mode=true", "learner.strategy=single", "learner.num_workers=1",
                        "callbacks=[]", "trainer.eval_every=0", f"trainer.run_root={tmp_path}"])

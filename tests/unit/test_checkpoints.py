@@ -194,9 +194,9 @@ def test_schedule_resumes_exactly_or_replans_a_longer_run(tmp_path: Path) -> Non
 
 def test_a_failed_run_prints_the_resume_command_only_when_it_can_resume(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from toolbox.commands.run import main
     from toolbox.core.errors import WorkerError
-    from toolbox.experiment import ExperimentBuilder
-    from toolbox.run import main
+    from toolbox.driver.experiment import ExperimentBuilder
 
     class Failing:
         def fit(self) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from toolbox import cli
+from toolbox.commands import cli
 from toolbox.config import load_config
 from toolbox.core.paths import CONFIG_DIR
 
@@ -73,10 +73,10 @@ def test_unknown_or_missing_command_exits_2_with_the_list(argv: list[str], capsy
 
 
 def test_subcommands_are_dispatched_with_their_arguments_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
-    import toolbox.run
+    import toolbox.commands.run
 
     seen: list[list[str]] = []
-    monkeypatch.setattr(toolbox.run, "main", lambda argv: seen.append(argv) or 5)
+    monkeypatch.setattr(toolbox.commands.run, "main", lambda argv: seen.append(argv) or 5)
     assert cli.main(["run", "--help", "experiment=x", "a.b=1"]) == 5
     assert seen == [["--help", "experiment=x", "a.b=1"]]
 
@@ -91,7 +91,7 @@ def test_a_missing_command_module_is_a_clear_error_of_that_command(
 
 def test_tune_help_comes_from_its_docstring(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["tune", "--help"]) == 0
-    assert "python -m toolbox.tune sweep=NAME" in capsys.readouterr().out
+    assert "toolbox tune sweep=NAME" in capsys.readouterr().out
 
 
 def test_docs_writes_only_into_a_source_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,7 +145,7 @@ def test_wheel_ships_configs_under_toolbox_and_nothing_at_the_top(wheel: Path) -
     assert repo_files <= set(names), sorted(repo_files - set(names))
     assert all(any(Path(f).match(pattern) for pattern in SHIPPED) for f in repo_files), "add a pattern to pyproject"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "toolbox = toolbox.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "toolbox = toolbox.commands.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def test_installed_wheel_finds_its_configs(wheel: Path, tmp_path: Path) -> None:

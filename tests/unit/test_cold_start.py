@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolbox.cold_start import cold_start_dir
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
-from toolbox.experiment import resolve_model_path
+from toolbox.driver.cold_start import cold_start_dir
+from toolbox.driver.experiment import resolve_model_path
 from toolbox.models.loading import load_causal_lm
 
 

@@ -175,8 +175,8 @@ def test_a_retried_step_finds_a_sleeping_engine_awake() -> None:
 def test_dry_run_shows_the_shared_bundles_and_the_sync_path() -> None:
     from rich.console import Console
 
-    from toolbox import dry_run
     from toolbox.config import load_config
+    from toolbox.driver import dry_run
 
     cfg = load_config(["experiment=grpo_tiny_fsdp2", "rollout.placement=colocate", "rollout.num_workers=2",
                        "learner.num_workers=2"])

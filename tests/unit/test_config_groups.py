@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from toolbox import cli
+from toolbox.commands import cli
 from toolbox.config import load_config
 from toolbox.config.loader import load_config_with_origins, origins
 from toolbox.core.errors import ConfigError
 from toolbox.core.paths import CONFIG_DIR
-from toolbox.experiment import ExperimentBuilder
+from toolbox.driver.experiment import ExperimentBuilder
 
 
 def shipped(group: str) -> list[str]:

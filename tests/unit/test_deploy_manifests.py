@@ -219,7 +219,7 @@ def test_rayjob_entrypoints_and_lifecycle() -> None:
     for name, job in _docs_of("RayJob"):
         spec = job["spec"]
         entrypoints[name] = spec["entrypoint"]
-        assert re.match(r"^python -m toolbox\.(run|tune)\s", spec["entrypoint"]), spec["entrypoint"]
+        assert re.match(r"^python -m toolbox\.(run|commands\.tune)\s", spec["entrypoint"]), spec["entrypoint"]
         assert f"trainer.run_root={RUN_MOUNT}" in spec["entrypoint"].split(), (
             f"{name}: results must go to the PVC"
         )
@@ -230,7 +230,7 @@ def test_rayjob_entrypoints_and_lifecycle() -> None:
     assert run[:3] == ["python", "-m", "toolbox.run"]
     assert {"experiment=grpo_tiny", "rollout.num_workers=2"} <= set(run)
     sweep = entrypoints["rayjob-sweep.yaml"].split()
-    assert sweep[:3] == ["python", "-m", "toolbox.tune"] and "sweep=grpo_lr" in sweep
+    assert sweep[:3] == ["python", "-m", "toolbox.commands.tune"] and "sweep=grpo_lr" in sweep
 
 
 def test_every_ray_pod_mounts_the_run_volume() -> None:
@@ -304,16 +304,16 @@ RENDERED = {
 
 @functools.cache
 def _rendered(label: str) -> dict[str, Any]:
-    from toolbox.deploy import render
+    from toolbox.commands.deploy import render
 
     return render(RENDERED[label])
 
 
 def _demand(args: list[str]) -> list[dict[str, float]]:
     """Every placement-group bundle the rendered job will ask Ray for (all concurrent trials of a sweep)."""
+    from toolbox.commands.tune import load_sweep, sweep_configs
     from toolbox.config import load_config
-    from toolbox.experiment import trial_bundles
-    from toolbox.tune import load_sweep, sweep_configs
+    from toolbox.driver.experiment import trial_bundles
 
     fixed = [*args, "trainer.run_root=/runs"]
     if args[0].startswith("sweep="):
@@ -351,7 +351,7 @@ def test_rendered_rayjob_matches_crd_schema(label: str) -> None:
 def test_rendered_rayjob_runs_the_same_command_on_a_shared_run_root(label: str) -> None:
     spec = _rendered(label)["spec"]
     args = spec["entrypoint"].split()
-    module = "toolbox.tune" if label.startswith("sweep") else "toolbox.run"
+    module = "toolbox.commands.tune" if label.startswith("sweep") else "toolbox.run"
     assert args[:3] == ["python", "-m", module]
     assert args[3:] == [*RENDERED[label], f"trainer.run_root={RUN_MOUNT}", "trainer.shared_fs=true"]
     assert spec["shutdownAfterJobFinishes"] is True and spec["backoffLimit"] == 0
@@ -395,7 +395,7 @@ def json_resources(group: dict[str, Any]) -> dict[str, float]:
 
 
 def test_deploy_render_cli_prints_yaml_and_rejects_a_bad_config(capsys: pytest.CaptureFixture[str]) -> None:
-    from toolbox.cli import main
+    from toolbox.commands.cli import main
 
     assert main(["deploy", "render", "experiment=grpo_tiny", "--image", "reg.example/toolbox:1", "--name", "x"]) == 0
     job = yaml.safe_load(capsys.readouterr().out)

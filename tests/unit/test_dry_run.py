@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from toolbox import dry_run
+from toolbox.commands.run import main as run_main
 from toolbox.config import load_config
-from toolbox.run import main as run_main
+from toolbox.driver import dry_run
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -133,7 +133,7 @@ def test_memory_at_real_size_root_group_sdpa_and_offloaded_reference() -> None:
 
 
 def test_engine_line_holds_weights_and_kv_cache_at_its_utilization() -> None:
-    from toolbox.gpu_plan import engine_memory, gpu_plan, kv_bytes_per_token
+    from toolbox.driver.gpu_plan import engine_memory, gpu_plan, kv_bytes_per_token
 
     cfg = load_config(QWEN_7B_ON_8)
     shape = dry_run.model_shape(cfg)

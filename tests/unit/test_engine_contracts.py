@@ -503,7 +503,7 @@ def test_http_misaligned_text_is_an_error(server: str, tok_dir: str, monkeypatch
 
 def test_http_refuses_weight_updates_unless_allowed(server: str, tok_dir: str,
                                                     caplog: pytest.LogCaptureFixture) -> None:
-    # This server has no GET /v1/toolbox/info (it answers 501): not toolbox.serve, so it cannot take weights.
+    # This server has no GET /v1/toolbox/info (it answers 501): not toolbox.commands.serve, so it cannot take weights.
     buckets = pack_state_dict({"w": torch.ones(2)})
     with pytest.raises(NotImplementedError, match="toolbox/info answered 501") as refused:
         http_mod.HTTPEngine(tok_dir, config=http_mod.HTTPEngineConfig(base_url=server)).update_weights(buckets)

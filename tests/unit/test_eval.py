@@ -1,7 +1,7 @@
-"""Evaluation on its own: the pass@k estimator by hand, the summary, and `toolbox.eval` in-process on a run's export.
+"""Evaluation on its own: the pass@k estimator by hand, the summary, and `toolbox.commands.eval` in-process on a run's export.
 
 ``trainer.export`` is exercised here too: a local-mode run writes RUN_DIR/hf, which
-`toolbox.export` reproduces from the run's checkpoint and `toolbox.eval` then scores.
+`toolbox.commands.export` reproduces from the run's checkpoint and `toolbox.commands.eval` then scores.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from toolbox import eval as toolbox_eval
-from toolbox import export as toolbox_export
-from toolbox import run as toolbox_run
+from toolbox.commands import eval as toolbox_eval
+from toolbox.commands import export as toolbox_export
+from toolbox.commands import run as toolbox_run
 from toolbox.core.errors import ConfigError
+from toolbox.driver.experiment import WORKER_ENV
 from toolbox.evaluation.metrics import PromptResult, pass_at_k, summarize
-from toolbox.experiment import WORKER_ENV
 
 LOCAL = ["ray.local_mode=true", "learner.num_workers=1", "learner.strategy=single", "callbacks=[{name: jsonl}]"]
 METRICS = {"prompts", "samples_per_prompt", "pass@1", "pass@2", "reward_mean", "response_len_mean", "reward_abstain",

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from toolbox import cli
+from toolbox.commands import cli
 from toolbox.core.errors import ConfigError
 from toolbox.core.extras import EXTRAS, missing_extra, require
 from toolbox.envs.config import EnvConfig
@@ -62,8 +62,8 @@ def test_a_mujoco_env_without_mujoco_names_the_extra(monkeypatch: pytest.MonkeyP
 
 
 def test_train_is_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    import toolbox.run
+    import toolbox.commands.run
 
     seen: list[list[str]] = []
-    monkeypatch.setattr(toolbox.run, "main", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setattr(toolbox.commands.run, "main", lambda argv: seen.append(argv) or 0)
     assert cli.main(["train", "experiment=sft_tiny"]) == 0 and seen == [["experiment=sft_tiny"]]

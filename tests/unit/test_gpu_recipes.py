@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from toolbox.config import load_config
-from toolbox.dry_run import model_shape
-from toolbox.experiment import role_bundles
-from toolbox.gpu_plan import gpu_plan
+from toolbox.driver.dry_run import model_shape
+from toolbox.driver.experiment import role_bundles
+from toolbox.driver.gpu_plan import gpu_plan
 
 STAND_IN_DATA = "task.path=./configs/data/gsm8k_tiny"
 RECIPES = {"grpo_qwen2.5_0.5b_gsm8k": 1, "grpo_qwen2.5_7b_gsm8k": 8, "grpo_qwen2.5_7b_lora_gsm8k": 1}
@@ -31,7 +31,7 @@ def test_recipe_plan_fits_its_gpus(recipe: str, gpus: int) -> None:
 
 @pytest.mark.parametrize(("recipe", "gpus"), RECIPES.items())
 def test_rendered_rayjob_asks_for_exactly_the_recipes_gpus(recipe: str, gpus: int) -> None:
-    from toolbox.deploy import render
+    from toolbox.commands.deploy import render
 
     job = render([f"experiment={recipe}", STAND_IN_DATA])
     groups = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]

@@ -15,8 +15,8 @@ from toolbox.actors.rollout import RolloutWorker
 
 from tests.unit.golden import run_recipe
 from toolbox.config import load_config
-from toolbox.dry_run import actor_rows
-from toolbox.experiment import role_bundles
+from toolbox.driver.dry_run import actor_rows
+from toolbox.driver.experiment import role_bundles
 from toolbox.rewards.runner import RewardRunConfig
 from toolbox.rl.batch import RolloutBatch
 

@@ -2,7 +2,7 @@
 
 A rollout worker's checkpoint holds its process's RNG streams (`RolloutWorker.get_state`); the http engine draws
 its request seeds from them, so a new worker (a resumed run's: engine built afresh, then the state loaded) sends
-the server the seeds the uninterrupted worker sent. Against the fake `toolbox.serve` of
+the server the seeds the uninterrupted worker sent. Against the fake `toolbox.commands.serve` of
 ``test_http_engine_weights``; no Ray (the worker shell is called in-process).
 """
 

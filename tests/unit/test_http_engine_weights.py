@@ -1,4 +1,4 @@
-"""The http engine against a fake `toolbox.serve`: token ids from ``choices[].token_ids``, weight pushes.
+"""The http engine against a fake `toolbox.commands.serve`: token ids from ``choices[].token_ids``, weight pushes.
 
 The fake is a stdlib HTTP server on 127.0.0.1 that speaks the server's contract: ``GET /v1/toolbox/info``,
 ``POST /v1/toolbox/weights`` (safetensors body, admin bearer token) and ``/v1/completions`` with

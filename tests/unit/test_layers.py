@@ -23,23 +23,19 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "actors": ("actors",),
     "trainers": ("trainers",),
     "algorithms": ("algorithms",),
-    "driver": ("experiment", "dry_run", "startup", "cold_start", "local_ray", "gpu_plan", "watchdog", "tune_state"),
+    "driver": ("driver",),
 }
 RANK = {name: i for i, (_, names) in enumerate(LAYERS.items()) for name in names}
 TOP = len(LAYERS)
 
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("toolbox.callbacks.files", "toolbox.plot"): "the curve drawing belongs in the library, the CLI beside it",
+    ("toolbox.callbacks.files", "toolbox.commands.plot"): "the curve drawing belongs in the library, the CLI beside it",
     ("toolbox.callbacks.remote", "toolbox.trainers.watch"): "the watched-metric names belong below the callbacks",
 }
 
 
 # Cycles between packages (each a set of the packages whose modules form one strongly connected component).
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"toolbox.cold_start", "toolbox.experiment"}): "the cold start's nested run belongs in a driver package "
-    "beside the builder",
-    frozenset({"toolbox.dry_run", "toolbox.gpu_plan"}): "the memory estimate and the GPU plan belong in one package",
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 
 def rank_of(module: str) -> int | None:
@@ -159,7 +155,7 @@ def test_the_cycle_scan_sees_a_cycle() -> None:
 
 
 def test_the_scan_sees_an_upward_import() -> None:
-    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import toolbox.experiment\n"
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import toolbox.driver.experiment\n"
                      "def f():\n    from toolbox.algorithms import ALGORITHMS\n")
     assert list(runtime_imports(tree)) == ["typing", "toolbox.algorithms"]
     assert rank_of("toolbox.objectives.gspo") < rank_of("toolbox.algorithms.grpo") < rank_of("toolbox.run")  # type: ignore[operator]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from toolbox.local_ray import early_start_wanted
+from toolbox.driver.local_ray import early_start_wanted
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +46,7 @@ def test_shutdown_ends_the_autoscaler_monitor_first(tmp_path: Path, monkeypatch:
 
     import ray
 
-    from toolbox.local_ray import MONITOR_SCRIPT, shutdown
+    from toolbox.driver.local_ray import MONITOR_SCRIPT, shutdown
 
     script = tmp_path / MONITOR_SCRIPT
     script.parent.mkdir(parents=True)

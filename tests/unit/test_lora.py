@@ -152,7 +152,7 @@ def test_checkpoint_of_a_lora_policy_exports_like_the_live_one(trained: PolicyRa
     from toolbox.learner.lora import add_adapters, write_lora
 
     assert trained.cfg.lora is not None
-    ckpt = trained.save(tmp_path / "step_3")  # what `python -m toolbox.export` reads back
+    ckpt = trained.save(tmp_path / "step_3")  # what `toolbox export` reads back
     model = add_adapters(base_model(trained.source), trained.cfg.lora)
     load_model_weights(ckpt, model)
     out = write_lora(model, trained.source, trained.cfg.lora, tmp_path / "hf")

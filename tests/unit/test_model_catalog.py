@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from toolbox import cli
+from toolbox.commands import cli
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.models import catalog, gguf, sources
@@ -78,7 +78,7 @@ def test_a_fetched_catalog_name_is_its_cached_directory_and_other_paths_are_unch
 
 
 def test_the_run_resolves_a_catalog_name_with_tiny_null(cache: Path) -> None:
-    from toolbox.experiment import resolve_model_path
+    from toolbox.driver.experiment import resolve_model_path
 
     fake_model_dir(cache / NAME)
     cfg = load_config([f"model.path={NAME}", "model.tiny=null"])
@@ -171,7 +171,7 @@ def test_the_hub_probe_gives_up_within_its_timeout(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_gguf_file_is_converted_once(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from toolbox.experiment import resolve_model_path
+    from toolbox.driver.experiment import resolve_model_path
 
     converter = FakeConverter()
     monkeypatch.setattr(gguf, "import_gguf", converter)
@@ -217,8 +217,8 @@ def test_resolving_what_needs_no_conversion_does_not_import_transformers(cache: 
 
 
 def test_eval_and_serve_resolve_a_catalog_name(cache: Path) -> None:
-    from toolbox.eval import EvalOptions, resolve_model
-    from toolbox.serve import parse_args, resolve_catalog_model
+    from toolbox.commands.eval import EvalOptions, resolve_model
+    from toolbox.commands.serve import parse_args, resolve_catalog_model
 
     fake_model_dir(cache / NAME)
     cfg = SimpleNamespace(model=SimpleNamespace(gguf_file="", trust_remote_code=False))

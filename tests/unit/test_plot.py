@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from toolbox import plot
 from toolbox.callbacks.files import CurveConfig, CurvePlot
+from toolbox.commands import plot
 from toolbox.core.events import Event, EventBus
 
 LLM_STEP = {"reward": 0.5, "loss": 0.1, "kl": 0.01, "response_len": 4.0, "generate_s": 0.2, "reward_s": 0.05,

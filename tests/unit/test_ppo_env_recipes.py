@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from toolbox.config import load_config
-from toolbox.experiment import ExperimentBuilder
+from toolbox.driver.experiment import ExperimentBuilder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny networks: a second thread only contends
 

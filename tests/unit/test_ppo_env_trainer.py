@@ -7,7 +7,7 @@ from typing import Any
 
 from toolbox.algorithms.ppo_env.loop import split_counts
 from toolbox.config import load_config
-from toolbox.experiment import ExperimentBuilder
+from toolbox.driver.experiment import ExperimentBuilder
 
 
 def fit(tmp_path: Path, *overrides: str) -> tuple[dict[str, Any], Any]:

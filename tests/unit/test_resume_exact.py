@@ -16,7 +16,7 @@ import pytest
 
 from tests.run_files import numbers
 from toolbox.config import load_config
-from toolbox.experiment import ExperimentBuilder
+from toolbox.driver.experiment import ExperimentBuilder
 
 N, K = 4, 2
 LOCAL = ["ray.local_mode=true", "learner.strategy=single", "learner.num_workers=1", "callbacks=[]",

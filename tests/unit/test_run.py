@@ -1,4 +1,4 @@
-"""`toolbox.run.main` end to end in ``ray.local_mode`` (in-process groups, no Ray): files, checkpoint, resume, exit codes."""
+"""`toolbox.commands.run.main` end to end in ``ray.local_mode`` (in-process groups, no Ray): files, checkpoint, resume, exit codes."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 import yaml
 
-from toolbox.experiment import WORKER_ENV
-from toolbox.run import main
+from toolbox.commands.run import main
+from toolbox.driver.experiment import WORKER_ENV
 
 LOCAL = ["ray.local_mode=true", "learner.num_workers=1", "learner.strategy=single", "callbacks=[{name: jsonl}]"]
 
@@ -78,7 +78,7 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_a_missing_model_path_fails_before_anything_starts(tmp_path: Path) -> None:
-    from toolbox.run import main
+    from toolbox.commands.run import main
 
     assert main(["model.path=/nonexistent/model", "model.tiny=null", f"trainer.run_root={tmp_path}"]) == 2
     assert not list(tmp_path.iterdir())
@@ -86,7 +86,7 @@ def test_a_missing_model_path_fails_before_anything_starts(tmp_path: Path) -> No
 
 def test_a_user_model_directory_loads_through_from_pretrained(tmp_path: Path, tiny_model_dir: Path) -> None:
     """The hub-loading path (model.path, model.tiny=null), exercised on a local directory."""
-    from toolbox.run import main
+    from toolbox.commands.run import main
 
     assert main(["ray.local_mode=true", "learner.num_workers=1", "learner.strategy=single", "trainer.total_steps=1",
                  "callbacks=[]", "trainer.eval_every=0", f"model.path={tiny_model_dir}", "model.tiny=null",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from toolbox.callbacks.trackers import tracked_config
-from toolbox.cli import main as cli_main
+from toolbox.commands.cli import main as cli_main
 from toolbox.config import load_config
 from toolbox.config.loader import dump_config
 from toolbox.core.errors import ConfigError

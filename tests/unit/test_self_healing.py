@@ -15,7 +15,7 @@ from toolbox.actors.group import LocalGroup
 from toolbox.actors.roles import RewardGroup
 from toolbox.actors.supervisor import Supervisor, recover
 
-from toolbox.watchdog import _start_time, descendants, kill_survivors
+from toolbox.driver.watchdog import _start_time, descendants, kill_survivors
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the watchdog reads /proc")
 
@@ -63,7 +63,7 @@ def test_watchdog_kills_what_a_sigkilled_driver_left(tmp_path: Path) -> None:
     script = tmp_path / "driver.py"
     script.write_text(textwrap.dedent("""
         import subprocess, sys, time
-        from toolbox.watchdog import start
+        from toolbox.driver.watchdog import start
         child = subprocess.Popen(["sleep", "600"])
         parent = subprocess.Popen(["sh", "-c", "sleep 600 & echo $!; sleep 1"], stdout=subprocess.PIPE, text=True)
         orphan = parent.stdout.readline().strip()
@@ -90,7 +90,7 @@ def test_watchdog_kills_what_a_sigkilled_driver_left(tmp_path: Path) -> None:
 
 def test_sigterm_unwinds_the_run_with_exit_code_143(capsys: pytest.CaptureFixture[str]) -> None:
     from toolbox.callbacks.console import stderr_console
-    from toolbox.run import SignalStop
+    from toolbox.commands.run import SignalStop
 
     before = signal.getsignal(signal.SIGTERM)
     stop = SignalStop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolbox.serve import main, parse_args, secrets_for
+from toolbox.commands.serve import main, parse_args, secrets_for
 
 
 def test_options_parse_and_typos_fail() -> None:

@@ -13,7 +13,7 @@ from toolbox.algorithms.sft.learner import SFTLearner
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.data.rows import DataConfig
-from toolbox.experiment import ExperimentBuilder
+from toolbox.driver.experiment import ExperimentBuilder
 from toolbox.learner.config import LearnerConfig, OptimConfig
 
 

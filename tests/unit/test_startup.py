@@ -1,4 +1,4 @@
-"""The start-up breakdown (`toolbox.startup`) and how a local Ray instance passes the worker env on (no Ray here)."""
+"""The start-up breakdown (`toolbox.driver.startup`) and how a local Ray instance passes the worker env on (no Ray here)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from toolbox.config import load_config
 from toolbox.core.events import Event, EventBus
-from toolbox.experiment import WORKER_ENV, actor_env, ray_init_kwargs
-from toolbox.startup import StartupClock, launch_time
+from toolbox.driver.experiment import WORKER_ENV, actor_env, ray_init_kwargs
+from toolbox.driver.startup import StartupClock, launch_time
 
 
 def test_launch_time_is_this_process_start() -> None:
@@ -25,7 +25,7 @@ def test_launch_time_is_when_the_parent_started_the_process() -> None:
     import sys
 
     before = time.time()
-    out = subprocess.run([sys.executable, "-c", "from toolbox.startup import launch_time; print(repr(launch_time()))"],
+    out = subprocess.run([sys.executable, "-c", "from toolbox.driver.startup import launch_time; print(repr(launch_time()))"],
                          capture_output=True, text=True, check=True).stdout
     assert before - 0.1 < float(out) < before + 0.1 + (time.time() - before) / 2
 

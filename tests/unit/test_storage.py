@@ -13,7 +13,7 @@ from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.core.retry import RetryPolicy, retry_counts, transient
 from toolbox.core.storage import COMPLETE, RemoteDir, check_location, fetch_checkpoint, publish_checkpoint
-from toolbox.experiment import ExperimentBuilder
+from toolbox.driver.experiment import ExperimentBuilder
 from toolbox.trainers.checkpoints import begin, commit, resolve_resume, resume_command
 
 
@@ -121,7 +121,7 @@ def test_a_run_publishes_to_memory_and_resumes_from_its_url(tmp_path: Path, memf
     trainer.fit()
     assert [m["loss"] for m in trainer.history] == pytest.approx([m["loss"] for m in first.history[2:]], rel=1e-6)
     # toolbox export from the run's URL to another URL: downloaded, exported, uploaded
-    from toolbox.export import main as export_main
+    from toolbox.commands.export import main as export_main
 
     assert export_main(["memory://runs/a/checkpoints/step_2", "memory://exports/a"]) == 0
     assert memfs.exists("/exports/a/config.json") and memfs.exists("/exports/a/model.safetensors")

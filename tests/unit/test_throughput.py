@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from toolbox.config import load_config
-from toolbox.experiment import ExperimentBuilder
+from toolbox.driver.experiment import ExperimentBuilder
 from toolbox.learner.throughput import model_dims, peak_flops, step_rates, train_flops
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from toolbox.cli import main as toolbox
+from toolbox.commands.cli import main as toolbox
 from toolbox.core.errors import ConfigError
 from toolbox.data.offline import load_records
 from toolbox.tracing.datasets import dpo_rows, read_samples, sft_rows

@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from toolbox.config import load_config
-from toolbox.core.errors import ConfigError
-from toolbox.tune import (
+from toolbox.commands.tune import (
     SweepJob,
     best_experiment,
     load_sweep,
@@ -18,6 +16,8 @@ from toolbox.tune import (
     prepare,
     tune_space,
 )
+from toolbox.config import load_config
+from toolbox.core.errors import ConfigError
 
 BASE = "experiment: grpo_tiny\noverrides: [trainer.total_steps=8]\n"
 

@@ -98,7 +98,7 @@ def test_an_eval_metric_needs_evaluations() -> None:
 
 
 def test_a_profiled_step_leaves_a_trace_per_learner_rank(tmp_path: Path) -> None:
-    from toolbox.experiment import ExperimentBuilder
+    from toolbox.driver.experiment import ExperimentBuilder
 
     args = ["experiment=sft_tiny", "ray.local_mode=true", "learner.strategy=single", "learner.num_workers=1",
             "callbacks=[]", "trainer.eval_every=0", f"trainer.run_root={tmp_path}", "trainer.run_name=p",

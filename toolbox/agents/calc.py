@@ -10,7 +10,7 @@ and the call's characters (and `;`): an environment that talks to a char model b
 spell its replies with them (``tool_env``'s ``error_template`` replaces the tools' English errors).
 
 ``tool_add_demos`` is the same task with a demonstration episode as the answer (``sum()=82;82;``: the call,
-the tool's reply, the final answer): SFT records for the recipe's cold start (`toolbox.cold_start`). A char
+the tool's reply, the final answer): SFT records for the recipe's cold start (`toolbox.driver.cold_start`). A char
 tokenizer has no chat template to mark whose turn is whose, so the SFT loss also covers the reply's tokens;
 generation never writes them (the model's turn ends at the call's ``)``), and GRPO masks them.
 """

@@ -17,8 +17,8 @@ from toolbox.rl.roles import PolicyLearnerRole, RewardRole, RolloutRole
 from toolbox.trainers.base import BaseTrainer
 
 if TYPE_CHECKING:
+    from toolbox.driver.experiment import ExperimentBuilder
     from toolbox.engines.placement import SyncPath
-    from toolbox.experiment import ExperimentBuilder
 
 Wiring = Callable[["ExperimentBuilder", EventBus], BaseTrainer]  # what `register_algorithm` decorates
 log = logging.getLogger(__name__)

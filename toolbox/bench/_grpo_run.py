@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolbox.core.memory import PeakTreeMemory
-from toolbox.startup import tree_cpu_s
+from toolbox.driver.startup import tree_cpu_s
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def start_ray(cfg: Any, attempts: int = 5) -> None:
     """`connect_ray`, again when a local raylet missed Ray's fixed 30 s registration window (a loaded machine)."""
     import ray
 
-    from toolbox.experiment import connect_ray
+    from toolbox.driver.experiment import connect_ray
 
     for attempt in range(1, attempts + 1):
         try:
@@ -84,7 +84,7 @@ def run_experiment(overrides: list[str], steps: int, warmup: int) -> ExperimentR
     from toolbox.algorithms.grpo.config import GRPOConfig
     from toolbox.config import load_config
     from toolbox.core.events import Event
-    from toolbox.experiment import ExperimentBuilder
+    from toolbox.driver.experiment import ExperimentBuilder
 
     t0 = time.perf_counter()
     run_root = tempfile.mkdtemp(prefix="bench-grpo-")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from toolbox.core.memory import PeakTreeMemory
-from toolbox.startup import tree_cpu_s
+from toolbox.driver.startup import tree_cpu_s
 
 
 class Stopwatch:

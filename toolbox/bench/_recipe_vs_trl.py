@@ -123,8 +123,8 @@ def merge_adapter(base_dir: str, adapter_dir: str, out: Path) -> Path:
 
 
 def export_checkpoint(checkpoint: Path, out: Path) -> Path:
-    """A toolbox checkpoint as a Hugging Face directory (``python -m toolbox.export``; a LoRA run's is merged)."""
-    subprocess.run([sys.executable, "-m", "toolbox.export", str(checkpoint), str(out)], check=True,
+    """A toolbox checkpoint as a Hugging Face directory (``python -m toolbox.commands.export``; a LoRA run's is merged)."""
+    subprocess.run([sys.executable, "-m", "toolbox.commands.export", str(checkpoint), str(out)], check=True,
                    stdout=subprocess.DEVNULL)
     return out
 

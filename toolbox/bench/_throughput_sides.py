@@ -82,7 +82,7 @@ class Ours:
     def __init__(self, point: Point, steps_per_env: int) -> None:
         from toolbox.algorithms.ppo_env.loop import PPOEnvTrainer
         from toolbox.config import load_config
-        from toolbox.experiment import ExperimentBuilder
+        from toolbox.driver.experiment import ExperimentBuilder
 
         cfg = load_config([
             "experiment=ppo_cartpole", f"env.id={point.env}", f"env.num_workers={point.runners}",

@@ -41,7 +41,7 @@ def run_toolbox(seed: int, target: float, max_steps: int, overrides: list[str]) 
     """Our ``ppo_cartpole`` experiment on the running Ray instance, stopped at a training-return mean of ``target``."""
     from toolbox.algorithms.ppo_env.config import PPOEnvConfig
     from toolbox.config import load_config
-    from toolbox.experiment import ExperimentBuilder
+    from toolbox.driver.experiment import ExperimentBuilder
 
     base = load_config(["experiment=ppo_cartpole", *overrides])
     if not isinstance(base.algorithm, PPOEnvConfig):

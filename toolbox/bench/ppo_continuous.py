@@ -73,7 +73,7 @@ def run_rllib(args: argparse.Namespace) -> Curve:
 def run_toolbox(args: argparse.Namespace) -> tuple[Curve, Path]:
     """Our recipe on the running Ray instance, its budget cut to ``--env-steps``; its curve from ``metrics.jsonl``."""
     from toolbox.config import load_config
-    from toolbox.experiment import ExperimentBuilder
+    from toolbox.driver.experiment import ExperimentBuilder
 
     base = load_config([f"experiment={args.experiment}", *args.overrides])
     per_step = base.env.num_workers * base.env.num_envs * base.algorithm.steps_per_env  # type: ignore[union-attr]
@@ -92,7 +92,7 @@ def run_toolbox(args: argparse.Namespace) -> tuple[Curve, Path]:
 
 def toolbox_curve(run_dir: Path) -> Curve:
     """``env_steps``, cumulative ``step_time_s`` and ``episode_return`` of each step of a run's ``metrics.jsonl``."""
-    from toolbox.plot import read_run
+    from toolbox.commands.plot import read_run
 
     series, wall, curve = read_run(run_dir), 0.0, []
     for i in range(len(series.steps)):

@@ -67,7 +67,7 @@ def run_recipe(experiment: str, overrides: list[str]) -> dict[str, Any]:
 
 def evaluate(experiment: str, model: str, overrides: list[str], prompts: int, out: Path) -> dict[str, float]:
     """``toolbox eval`` of ``model`` (empty: the experiment's base) with the recipe's settings; its metrics."""
-    command = [sys.executable, "-m", "toolbox.eval", f"experiment={experiment}", f"prompts={prompts}", f"out={out}",
+    command = [sys.executable, "-m", "toolbox.commands.eval", f"experiment={experiment}", f"prompts={prompts}", f"out={out}",
                *([f"model={model}"] if model else []), *overrides]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return dict(json.loads((out / "eval.json").read_text())["metrics"])
@@ -103,7 +103,7 @@ def race_headline(race: dict[str, Any]) -> str:
 
 
 def race_plot(figures: dict[str, Any], path: Path) -> Path:
-    from toolbox.plot import line_chart
+    from toolbox.commands.plot import line_chart
 
     series = {side: [(p["train_s"], p["pass@1"]) for p in points] for side, points in figures["vs_trl"]["curves"].items()}
     return line_chart(series, path, "training seconds (2 CPU cores)", "held-out pass@1",

@@ -7,12 +7,12 @@ trainer.eval_every=25``), and prints for
 each run: seconds from the launch to the end of step 1 (the first ``step_end`` in its metrics.jsonl), to the
 process's exit, the CPU seconds its process tree (the driver, its local Ray instance and every worker) had spent
 when step 1 ended (sampled from outside every 0.2 s, so any commit can be measured the same way), and the start-up
-phases it wrote to RUN_DIR/startup.json (`toolbox.startup`); then the medians, and the load average before and
+phases it wrote to RUN_DIR/startup.json (`toolbox.driver.startup`); then the medians, and the load average before and
 after (the machine's other work shows in every wall-clock figure; the CPU seconds hold up better).
 
 ``--tree DIR`` (repeatable) runs the same command with ``PYTHONPATH=DIR`` for each tree in turn, alternating
 within every round: a checkout of another commit measured beside this one (a tree without
-``toolbox/startup.py`` reports no phases; its launch-to-step-1 time still comes from its metrics). A tree's
+``toolbox/driver/startup.py`` reports no phases; its launch-to-step-1 time still comes from its metrics). A tree's
 ``toolbox/actors`` must resolve inside it (a checkout of this repository has ``actors/`` at the top: link it).
 """
 

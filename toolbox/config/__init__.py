@@ -1,7 +1,7 @@
 """Experiment configs: `load_config` (YAML files + dotted overrides) into an `ExperimentConfig`.
 
 Both are imported on first use (PEP 562): the entry point reads `toolbox.core.paths` before the schema, and
-torch with it, is imported (`toolbox.local_ray`).
+torch with it, is imported (`toolbox.driver.local_ray`).
 """
 
 from __future__ import annotations

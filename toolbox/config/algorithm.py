@@ -8,7 +8,7 @@ an error that names it. The built-in algorithms register when `toolbox.algorithm
 is imported, which the registry does on its first lookup, as it loads plugins.
 
 An algorithm describes itself here (`models`, `batch`), so the tools that plan or export a run
-(``--dry-run``, `toolbox.export`) read its description instead of telling algorithms apart by their classes.
+(``--dry-run``, `toolbox.commands.export`) read its description instead of telling algorithms apart by their classes.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class TrainedModels:
 
     ``policy``: ``causal_lm`` (exports as a Hugging Face causal LM), ``sequence_classifier`` (the base model with a
     scalar head), ``mlp`` (an environment policy: no Hugging Face form, no language-model memory estimate).
-    ``load``: how the learner and `toolbox.export` load a policy that is not a plain causal LM from the base model,
+    ``load``: how the learner and `toolbox.commands.export` load a policy that is not a plain causal LM from the base model,
     ``(model_path, dtype) -> model``. ``reference``: a frozen copy of the initial policy (no gradients).
     ``critic``: a value model of the policy's body, trained beside it.
     """

@@ -10,7 +10,7 @@ with cProfile on a default run's driver), so a tree of 12 processes read every s
 an eighth of a core. Each poll therefore reads the cheap RSS (``/proc/PID/statm``) of every process and reads
 PSS only when the tree's summed RSS is 1% above its highest so far: the PSS peak rides on the RSS peak, since
 the shared pages PSS divides stay mapped for a process's life.
-CPU time (user + system, all threads) of the tree (`toolbox.startup.tree_cpu_s`) is the load-robust twin of wall time on a shared machine:
+CPU time (user + system, all threads) of the tree (`toolbox.driver.startup.tree_cpu_s`) is the load-robust twin of wall time on a shared machine:
 it counts the work done, not the waiting for cores other jobs hold (nor a side's own idle waits).
 """
 

@@ -1,5 +1,5 @@
 """Where experiment and sweep YAMLs live, and which file an ``experiment=`` names. Imports nothing heavy: the entry
-point reads the experiment files before the config schema (and torch with it) is imported (`toolbox.local_ray`)."""
+point reads the experiment files before the config schema (and torch with it) is imported (`toolbox.driver.local_ray`)."""
 
 from __future__ import annotations
 

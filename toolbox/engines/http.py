@@ -8,7 +8,7 @@ text is tokenized again with the model's tokenizer, and a row whose token count 
 its log-prob count is an error rather than a misaligned sample.
 
 Seeds: each request carries its own ``seed`` (``seeded``), drawn from the rollout worker's global torch
-generator, which checkpoints save and resumes restore; a server that honours ``seed`` (`toolbox.serve`,
+generator, which checkpoints save and resumes restore; a server that honours ``seed`` (`toolbox serve`,
 vLLM's OpenAI server) then samples a resumed run's rollouts exactly as the uninterrupted run's, given the
 same weights. A server that ignores it (or batches seeded requests non-deterministically) does not.
 
@@ -19,7 +19,7 @@ default: the log-probs of the logits *before* temperature, which do not match un
 (unless ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is set).
 
 Weights: at start the engine asks ``GET {base_url}/toolbox/info`` whether the server is our own
-(`toolbox.serve`) with its weight-update endpoint on. If so, `update_weights` posts the learner's
+(`toolbox serve`) with its weight-update endpoint on. If so, `update_weights` posts the learner's
 full state dict there as one safetensors body, authorised by an admin token read from the
 environment variable ``admin_token_env`` (the token is never in the config, never logged). Any other
 server owns its weights: `update_weights` refuses unless ``allow_stale_weights`` says the run
@@ -74,7 +74,7 @@ class HTTPEngineConfig(BaseModel):
     api_key_env: str = Field(
         default="", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$",
         description="Name of the environment variable (on the rollout workers) holding the API key; set: it "
-        "replaces api_key (toolbox.serve's is TOOLBOX_SERVE_API_KEY).",
+        "replaces api_key (toolbox serve's is TOOLBOX_SERVE_API_KEY).",
     )
     model: str = Field(default="", description="Model name the server serves; empty: the model path.")
     timeout_s: float = Field(default=600.0, gt=0.0,
@@ -88,13 +88,13 @@ class HTTPEngineConfig(BaseModel):
     )
     token_ids_field: Literal["return_token_ids", "return_tokens_as_token_ids"] = Field(
         default="return_token_ids",
-        description="Request field that asks for token ids: return_token_ids (toolbox.serve, recent vLLM: "
+        description="Request field that asks for token ids: return_token_ids (toolbox serve, recent vLLM: "
         "choices[].token_ids) or return_tokens_as_token_ids (older vLLM: tokens spelled token_id:N).",
     )
     n_per_prompt: bool = Field(
         default=True,
         description="Ask for the samples of one prompt (a GRPO group) in one request with n (independent choices; "
-        "toolbox.serve seeds choice i with seed + i); off: one request per sample, for servers that reject n > 1 with log-probs.",
+        "toolbox serve seeds choice i with seed + i); off: one request per sample, for servers that reject n > 1 with log-probs.",
     )
     seeded: bool = Field(
         default=True, description="Send each request its own seed (reproducible where the server honours it)."
@@ -144,7 +144,7 @@ class HTTPEngineConfig(BaseModel):
         except ServerUnreachableError:
             return ""
         if info.ours and not info.weight_update:
-            return f"{info.note}: start toolbox.serve with TOOLBOX_SERVE_ADMIN_TOKEN set"
+            return f"{info.note}: start toolbox serve with TOOLBOX_SERVE_ADMIN_TOKEN set"
         return "" if info.ours or info.status in (401, 403) else info.note
 
     def check_training(self, probe: bool = False) -> None:
@@ -187,7 +187,7 @@ def _http(url: str, *, method: str = "GET", headers: dict[str, str] | None = Non
 
 
 def probe_server(base_url: str, api_key: str, timeout_s: float = PROBE_TIMEOUT_S) -> ServerInfo:
-    """Ask whether ``base_url`` is a `toolbox.serve` server and whether it takes weight pushes.
+    """Ask whether ``base_url`` is a `toolbox serve` server and whether it takes weight pushes.
 
     Any answer other than 200 with toolbox's info JSON (404 from vLLM, 501 from a bare server, 401 from a
     server that wants another key) means "not ours", with the reason kept in ``note`` for the refusal
@@ -208,7 +208,7 @@ def probe_server(base_url: str, api_key: str, timeout_s: float = PROBE_TIMEOUT_S
 def stale_weights_message(base_url: str, why: str) -> str:
     """Why training cannot use the server at ``base_url`` (``why``), and the ways out."""
     return (f"the http engine's server at {base_url} does not take the learner's weight updates ({why}), so "
-            "training would keep sampling from a stale policy. Serve the model with toolbox.serve "
+            "training would keep sampling from a stale policy. Serve the model with toolbox serve "
             "(TOOLBOX_SERVE_ADMIN_TOKEN set on the server and the rollout workers), use the vllm or sglang engine, "
             "or set rollout.engine.allow_stale_weights: true to sample from a fixed policy on purpose")
 
@@ -407,5 +407,5 @@ class HTTPEngine:
 
     def state_dict(self) -> dict[str, Any]:
         raise NotImplementedError("http engine: the server's weights are not readable through the completions API "
-                                  "(toolbox.serve publishes a digest at <base_url>/toolbox/weights/digest)")
+                                  "(toolbox serve publishes a digest at <base_url>/toolbox/weights/digest)")
 

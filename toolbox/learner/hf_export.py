@@ -4,7 +4,7 @@ Weights go into a fresh ``from_pretrained`` copy of the base model, so the direc
 config, generation config and tokenizer are the base model's own and only the weights are
 new; ``save_pretrained`` writes them as safetensors. Two sources use it: the learner's
 gathered full state dict (`PolicyRank.export_hf`, at the end of a run) and a DCP
-checkpoint read on one process (`toolbox.learner.checkpoint.load_model_weights`, for ``python -m toolbox.export``).
+checkpoint read on one process (`toolbox.learner.checkpoint.load_model_weights`, for ``toolbox export``).
 Only the policy is written; a critic or reference model is not.
 """
 

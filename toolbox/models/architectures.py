@@ -1,7 +1,7 @@
 """The published architectures of a few real models, as transformers config objects built without the hub.
 
 A dry run of a recipe at real size needs the model's shape (layers, widths, heads, vocabulary), not its weights;
-these are the numbers each model's ``config.json`` publishes, so `toolbox.dry_run` plans a 7B run on a machine
+these are the numbers each model's ``config.json`` publishes, so `toolbox.driver.dry_run` plans a 7B run on a machine
 that never fetched it. A local directory with a ``config.json`` (a fetched model) always takes precedence.
 
 Not here: weights, tokenizers, or any model not listed (their configs come from ``model.path`` as usual).

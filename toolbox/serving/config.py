@@ -1,4 +1,4 @@
-"""Options of ``toolbox serve`` (``python -m toolbox.serve key=value ...``)."""
+"""Options of ``toolbox serve`` (``toolbox serve key=value ...``)."""
 
 from __future__ import annotations
 

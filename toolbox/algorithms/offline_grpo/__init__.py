@@ -12,7 +12,7 @@ from toolbox.core.events import EventBus
 from toolbox.trainers.base import BaseTrainer
 
 if TYPE_CHECKING:
-    from toolbox.experiment import ExperimentBuilder
+    from toolbox.driver.experiment import ExperimentBuilder
 
 
 @register_algorithm("offline_grpo", OfflineGRPOConfig)

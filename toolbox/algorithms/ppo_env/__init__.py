@@ -12,8 +12,8 @@ from toolbox.core.events import EventBus
 from toolbox.trainers.base import BaseTrainer
 
 if TYPE_CHECKING:
+    from toolbox.driver.experiment import ExperimentBuilder
     from toolbox.envs.env_runner import EnvRunner
-    from toolbox.experiment import ExperimentBuilder
 
 
 def runner_seed(seed: int, rank: int) -> int:

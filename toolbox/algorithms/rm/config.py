@@ -34,7 +34,7 @@ class RMConfig(AlgorithmConfig, OfflineDataConfig, RouterLossWeight):
                               "adapters are for causal-LM policies (unset learner.lora)")
 
     def models(self) -> TrainedModels:
-        # The base model with a scalar head, what the learner trains and `toolbox.export` writes; no reference
+        # The base model with a scalar head, what the learner trains and `toolbox.commands.export` writes; no reference
         return TrainedModels(policy="sequence_classifier", load=load_reward_model)
 
     def batch(self, exp: ExperimentConfig) -> BatchShape:

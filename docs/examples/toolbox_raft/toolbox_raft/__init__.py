@@ -19,7 +19,7 @@ from toolbox.trainers.base import BaseTrainer
 from toolbox_raft.config import RaftConfig
 
 if TYPE_CHECKING:
-    from toolbox.experiment import ExperimentBuilder
+    from toolbox.driver.experiment import ExperimentBuilder
 
 __all__ = ["RaftConfig", "wire"]
 

@@ -1,4 +1,4 @@
-"""``toolbox traces RUN_DIR --to sft|dpo OUT.jsonl`` (also ``python -m toolbox.traces``): a run's samples as a dataset.
+"""``toolbox traces RUN_DIR --to sft|dpo OUT.jsonl`` (also ``python -m toolbox.commands.traces``): a run's samples as a dataset.
 
 Reads the samples a run recorded (``RUN_DIR/samples.jsonl``, every ``trainer.log_samples_every`` steps)
 and writes rows the SFT or DPO trainers read directly (``algorithm.dataset=OUT.jsonl``):

@@ -1,4 +1,4 @@
-"""``toolbox plot RUN_DIR [RUN_DIR ...] [-o OUT.png]`` (also ``python -m toolbox.plot``): one dashboard PNG of runs.
+"""``toolbox plot RUN_DIR [RUN_DIR ...] [-o OUT.png]`` (also ``python -m toolbox.commands.plot``): one dashboard PNG of runs.
 
 The panels: reward (the episode return of classic-RL runs), loss, KL, response length, and the step-time
 breakdown (generation / reward / learning / weight sync / waiting: the mean seconds of a step, one bar per run).

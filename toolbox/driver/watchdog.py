@@ -102,7 +102,7 @@ def start(interval: float = 0.5, announce: bool = False) -> subprocess.Popen[byt
     stdout is a pipe that gets one line when the first list is made."""
     if not sys.platform.startswith("linux"):
         return None
-    return subprocess.Popen([sys.executable, "-m", "toolbox.watchdog", str(os.getpid()), str(interval),
+    return subprocess.Popen([sys.executable, "-m", "toolbox.driver.watchdog", str(os.getpid()), str(interval),
                              *(["announce"] if announce else [])],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if announce else None)
 

@@ -109,13 +109,13 @@ def early_start_wanted(args: list[str]) -> bool:
 
 class EarlyRay:
     """A local instance with `LOCAL_DEFAULTS` starting in a thread from construction (its watchdog first: what a
-    SIGKILL of the driver would leave of it is ended, `toolbox.watchdog`).
+    SIGKILL of the driver would leave of it is ended, `toolbox.driver.watchdog`).
 
     The thread lives until `close`: Ray starts the head processes with ``PR_SET_PDEATHSIG``, which Linux fires when
     the *thread* that started them ends, not the process."""
 
     def __init__(self) -> None:
-        from toolbox.watchdog import start as start_watchdog
+        from toolbox.driver.watchdog import start as start_watchdog
 
         self.watchdog: subprocess.Popen[bytes] | None = start_watchdog()
         self.error: BaseException | None = None
@@ -173,7 +173,7 @@ class EarlyRay:
 
 class _NotMainThreadWarning(logging.Filter):
     """Drops Ray's warning that a ``ray.init`` outside the main thread sets no SIGTERM handler: the run sets its own
-    (`toolbox.run.SignalStop`) once the instance is up."""
+    (`toolbox.commands.run.SignalStop`) once the instance is up."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "current thread is not the main thread" not in record.getMessage()

@@ -1,7 +1,7 @@
 """``toolbox run ... --dry-run``: what a config would start and spend, printed before anything starts.
 
 Four rich tables: the settings that differ from the defaults, the actors per role with their resources and
-placement groups (from `toolbox.experiment.role_size` / `trial_bundles`, the code that sizes the real groups),
+placement groups (from `toolbox.driver.experiment.role_size` / `trial_bundles`, the code that sizes the real groups),
 the batch arithmetic per rank, and an estimate of one learner rank's memory.
 
 Starts nothing: no Ray, no run directory, no weights. The parameter count comes from the model's config
@@ -15,7 +15,7 @@ gradients; a frozen fsdp2 reference on a GPU lives in host memory. Activations a
 Llama/Qwen2 block (`block_activation_bytes`: no score matrices with SDPA, the scores and softmax with eager
 attention) plus the fp32 logits and their log-softmax with their gradients; allocator fragmentation, CUDA context
 and communication buffers are not in it. Online prompts are assumed `PROMPT_TOKENS` long (capped by the model's
-positions). On GPUs `toolbox.gpu_plan` adds the engines' reservation and says whether it all fits.
+positions). On GPUs `toolbox.driver.gpu_plan` adds the engines' reservation and says whether it all fits.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def _real_model_config(cfg: ExperimentConfig) -> tuple[Any, str]:
     from transformers import AutoConfig
 
     from toolbox.core.errors import ConfigError
-    from toolbox.experiment import check_model_path
+    from toolbox.driver.experiment import check_model_path
     from toolbox.models.architectures import published_config
     from toolbox.models.catalog import gguf_source, gguf_target, resolve
     from toolbox.models.gguf import GGUFImportError, check_gguf_packages
@@ -161,8 +161,8 @@ def changed_settings(cfg: ExperimentConfig) -> list[tuple[str, str]]:
 
 def actor_rows(cfg: ExperimentConfig) -> list[tuple[str, ...]]:
     """Per role, in the order the algorithm builds them: actors, resources each, and their placement group."""
+    from toolbox.driver.experiment import role_size, trial_bundles
     from toolbox.engines.placement import colocated_bundle
-    from toolbox.experiment import role_size, trial_bundles
 
     bundles, first = trial_bundles(cfg)[1:], 0
     rows: list[tuple[str, ...]] = []
@@ -364,7 +364,7 @@ def print_dry_run(cfg: ExperimentConfig, console: Console | None = None, gpu_gib
     console.print(_table("batch arithmetic of one training step", ("quantity", "value"), batch_rows(cfg)))
     console.print(memory)
     if rank_device(cfg) == "cuda" or cfg.rollout.gpus_per_worker and "rollout" in cfg.algorithm.roles:
-        from toolbox.gpu_plan import DEFAULT_GPU_GIB, describe, gpu_plan
+        from toolbox.driver.gpu_plan import DEFAULT_GPU_GIB, describe, gpu_plan
 
         for line in describe(gpu_plan(cfg, model_shape(cfg), gpu_gib or DEFAULT_GPU_GIB)):
             console.print(escape(line), soft_wrap=True)

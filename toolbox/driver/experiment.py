@@ -30,7 +30,7 @@ from toolbox.core.events import EventBus
 from toolbox.core.storage import RemoteDir, is_remote, staging_root
 from toolbox.data.offline import OfflineDataConfig
 from toolbox.data.tasks import TASKS
-from toolbox.local_ray import LOCAL_DEFAULTS, WORKER_ENV, actor_env, start_local
+from toolbox.driver.local_ray import LOCAL_DEFAULTS, WORKER_ENV, actor_env, start_local
 from toolbox.models.catalog import resolve_source
 from toolbox.models.tiny import ensure_tiny_model
 from toolbox.trainers.checkpoints import latest_checkpoint, resolve_resume
@@ -76,10 +76,10 @@ def resolve_model_path(cfg: ExperimentConfig, run_root: Path) -> str:
 
 
 def with_cold_start(cfg: ExperimentConfig, base: str, run_root: Path) -> str:
-    """``base``, or with ``model.cold_start`` the policy its supervised run exports from it (`toolbox.cold_start`)."""
+    """``base``, or with ``model.cold_start`` the policy its supervised run exports from it (`toolbox.driver.cold_start`)."""
     if cfg.model.cold_start is None:
         return base
-    from toolbox.cold_start import cold_start
+    from toolbox.driver.cold_start import cold_start
 
     return cold_start(cfg, base, run_root)
 
@@ -144,7 +144,7 @@ class ExperimentBuilder:
         self.nodes: dict[str, list[str | None]] = {}  # role -> the Ray node id of each of its actors
         self.starting: list[tuple[str, Any]] = []  # (role, group) made with wait=False, not yet `started`
         self.joining: list[Any] = []  # learner groups made with wait=False, joined into a process group by `started`
-        self.clock: Any = None  # the entry point's `toolbox.startup.StartupClock`: marks the start-up phases
+        self.clock: Any = None  # the entry point's `toolbox.driver.startup.StartupClock`: marks the start-up phases
         self._colocated_pg: Any = None  # rollout.placement: colocate: the placement group rollout and learner share
 
     def use_placement_group(self, pg: Any) -> None:
@@ -229,7 +229,7 @@ class ExperimentBuilder:
             self.mark("actors")  # the other roles' actors, if some were still loading
 
     def mark(self, phase: str) -> None:
-        """The end of a start-up phase (`toolbox.startup`), when the entry point keeps a clock."""
+        """The end of a start-up phase (`toolbox.driver.startup`), when the entry point keeps a clock."""
         if self.clock is not None:
             self.clock.mark(phase)
 

@@ -1,4 +1,4 @@
-"""``python -m toolbox.eval model=DIR_OR_RUN [experiment=NAME] samples=K [a.b.c=value ...]``: score a model on an eval split.
+"""``toolbox eval model=DIR_OR_RUN [experiment=NAME] samples=K [a.b.c=value ...]``: score a model on an eval split.
 
 The experiment config says what to evaluate on: ``task`` (its eval split; a generated toy
 task samples ``prompts`` held-out problems), ``reward.spec``, ``rollout.engine`` and
@@ -33,7 +33,7 @@ from toolbox.core.errors import ConfigError, WorkerError
 
 
 class EvalOptions(BaseModel):
-    """What ``toolbox.eval`` takes besides the experiment's fields."""
+    """What ``toolbox.commands.eval`` takes besides the experiment's fields."""
 
     model_config = ConfigDict(extra="forbid")
     model: str = Field("", description="A Hugging Face model directory, a run directory (its hf/ export) or a hub id; "
@@ -67,7 +67,7 @@ def _is_run_dir(path: Path) -> bool:
 def resolve_model(opts: EvalOptions, cfg: Any) -> str:
     """The directory or hub id to evaluate: ``model=`` (a run directory means its hf/ export; a catalog name its
     fetched copy; with ``model.gguf_file`` a directory holding that GGUF file), else the config's."""
-    from toolbox.experiment import check_model_path, resolve_model_path
+    from toolbox.driver.experiment import check_model_path, resolve_model_path
     from toolbox.models.catalog import resolve_source
 
     if not opts.model:
@@ -79,7 +79,7 @@ def resolve_model(opts: EvalOptions, cfg: Any) -> str:
         if (path / "hf" / "config.json").is_file():
             return str(path / "hf")
         raise ConfigError(f"model={opts.model}: the run has no exported model ({path / 'hf'}); export it with "
-                          f"`python -m toolbox.export {path} {path / 'hf'}` (or train with trainer.export=true)")
+                          f"`toolbox export {path} {path / 'hf'}` (or train with trainer.export=true)")
     resolved = resolve_source(opts.model, cfg.model.gguf_file, field="model")
     if resolved != opts.model:  # a catalog name or a GGUF: a model directory now
         return resolved
@@ -101,7 +101,7 @@ def output_dir(opts: EvalOptions, model_path: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done, 1 a worker failed, 2 a bad config."""
-    from toolbox.run import entry_point
+    from toolbox.commands.run import entry_point
 
     console, args = entry_point(argv, __doc__ or "")
     if args is None:
@@ -129,7 +129,7 @@ def eval_groups(cfg: Any, model_path: str) -> Iterator[tuple[Any, Any]]:
     if use_ray:
         import ray
 
-        from toolbox.experiment import connect_ray
+        from toolbox.driver.experiment import connect_ray
 
         if not ray.is_initialized():
             connect_ray(cfg)
@@ -156,8 +156,8 @@ def _group(cfg: Any, role: str, model_path: str, use_ray: bool) -> Any:
     from toolbox.actors.reward import RewardWorker
     from toolbox.actors.rollout import RolloutWorker
     from toolbox.algorithms.base import build_engine, rollout_dtype
+    from toolbox.driver.experiment import actor_env
     from toolbox.engines import ENGINES
-    from toolbox.experiment import actor_env
 
     section = getattr(cfg, role)
     if role == "rollout":

@@ -1,4 +1,4 @@
-"""``python -m toolbox.tune sweep=NAME [resume=true] [a.b=value ...]``: a Ray Tune sweep in which every trial is one whole experiment.
+"""``toolbox tune sweep=NAME [resume=true] [a.b=value ...]``: a Ray Tune sweep in which every trial is one whole experiment.
 
 A sweep YAML (``configs/sweeps/NAME.yaml``) names a base experiment, fixed overrides,
 a ``param_space`` of dotted config paths (``{grid: [...]}``, ``{choice: [...]}``,
@@ -15,7 +15,7 @@ Tune restores (``resume=true``, a paused trial) continues from it (``trainer.res
 its own run directory (``runs/<trial name>``). An interrupted sweep (Ctrl+C, SIGUSR1, a lost
 driver) exits 130; ``resume=true`` (the newest sweep of that name under ``trainer.run_root``) or
 ``resume=<sweep dir>`` finishes it with `Tuner.restore`: finished trials are kept, unfinished
-ones continue from their last checkpoint, and ASHA keeps its rungs (`toolbox.tune_state`).
+ones continue from their last checkpoint, and ASHA keeps its rungs (`toolbox.commands.tune_state`).
 
 Results in ``<run_root>/sweeps/<name>-<time>/``: a ranked table in the console,
 ``results.csv``, ``sweep.png``, and ``best.yaml``, the best trial as an experiment
@@ -23,7 +23,7 @@ Results in ``<run_root>/sweeps/<name>-<time>/``: a ranked table in the console,
 ``toolbox run experiment=<sweep dir>/best.yaml``.
 
 Each trial reserves one placement group: a bundle for its driver, then one per actor of
-its experiment (`toolbox.experiment.trial_bundles`); the experiment's worker groups are
+its experiment (`toolbox.driver.experiment.trial_bundles`); the experiment's worker groups are
 placed in those bundles, so Tune schedules whole experiments and never over-commits.
 Python API: `toolbox_trainable` wraps the same trainable for a `ray.tune.Tuner` of your own
 (docs/examples/tune_api.py).
@@ -186,7 +186,7 @@ def trial_resources(base: list[str], params: dict[str, Any]) -> Any:
     """One placement group per trial: its driver's bundle, then a bundle for every actor of its experiment."""
     from ray.tune import PlacementGroupFactory
 
-    from toolbox.experiment import trial_bundles
+    from toolbox.driver.experiment import trial_bundles
 
     cfg = load_config(trial_args(base, params))
     return PlacementGroupFactory([{"CPU": 0.01}] if cfg.ray.local_mode else trial_bundles(cfg))
@@ -232,7 +232,7 @@ def run_trial(params: dict[str, Any], base: list[str], metric: str) -> None:
     from ray import tune
 
     from toolbox.core.events import Event
-    from toolbox.experiment import ExperimentBuilder
+    from toolbox.driver.experiment import ExperimentBuilder
 
     checkpoint = tune.get_checkpoint()
     with checkpoint.as_directory() if checkpoint else contextlib.nullcontext("") as resume:
@@ -265,7 +265,7 @@ def toolbox_trainable(base: list[str], metric: str = "reward") -> Any:
 def make_scheduler(sweep: SweepConfig, total_steps: int, state_path: Path) -> Any:
     from ray.tune.schedulers import FIFOScheduler
 
-    from toolbox.tune_state import ResumableASHA
+    from toolbox.commands.tune_state import ResumableASHA
 
     s = sweep.scheduler
     if s.name == "fifo":
@@ -289,7 +289,7 @@ def make_tuner(job: SweepJob) -> Any:
     """A new Tuner for ``job``, or the interrupted one restored from ``job.out``."""
     from ray import tune
 
-    from toolbox.tune_state import TrialsEnded
+    from toolbox.commands.tune_state import TrialsEnded
 
     trainable = toolbox_trainable(job.base, job.sweep.metric)
     path = job.out / "tune" / job.name
@@ -365,7 +365,7 @@ def plot_trials(results: Any, metric: str, keys: list[str], path: Path) -> None:
 def interrupted(job: SweepJob) -> bool:
     """Whether Tune stopped before every trial of the space ended (Tune's statuses cannot tell: it marks the
     trials it stops on an interrupt TERMINATED, as it does the finished ones)."""
-    from toolbox.tune_state import TrialsEnded
+    from toolbox.commands.tune_state import TrialsEnded
 
     sweep = job.sweep
     grids = [len(values) for spec in sweep.param_space.values() for kind, values in spec.items() if kind == "grid"]
@@ -388,7 +388,7 @@ def write_results(job: SweepJob, results: Any, console: Any) -> None:
     console.print(table)
     plot_trials(results, sweep.metric, keys, out / "sweep.png")
     # Every trial's dashboard, overlaid: reward, loss, KL, response length, step time.
-    from toolbox.plot import plot_runs
+    from toolbox.commands.plot import plot_runs
 
     trial_dirs = {Path(str(d)) for d in (frame["run_dir"].dropna() if "run_dir" in frame else [])}
     plot_runs(sorted(d for d in trial_dirs if (d / "metrics.jsonl").is_file()), out / "dashboard.png", f"sweep {job.name}")
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import ray
 
-    from toolbox.experiment import connect_ray
+    from toolbox.driver.experiment import connect_ray
 
     if not ray.is_initialized():
         connect_ray(load_config(job.base))

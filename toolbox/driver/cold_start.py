@@ -52,7 +52,7 @@ def cold_start_dir(cfg: ExperimentConfig, base: str, run_root: Path) -> Path:
 def cold_start(cfg: ExperimentConfig, base: str, run_root: Path) -> str:
     """The exported policy of ``cfg.model.cold_start`` run on model ``base``: trained now, or found from before."""
     from toolbox.config import load_config
-    from toolbox.experiment import ExperimentBuilder
+    from toolbox.driver.experiment import ExperimentBuilder
 
     run_dir = cold_start_dir(cfg, base, run_root)
     exported = run_dir / "hf"

@@ -69,7 +69,7 @@ class PodGroup:
 
 def experiment_bundles(cfg: Any) -> list[Bundle]:
     """Every actor of one run of ``cfg`` as a bundle, in the role order its placement groups use."""
-    from toolbox.experiment import role_bundles
+    from toolbox.driver.experiment import role_bundles
 
     spread = {role for role, where in cfg.ray.placement.items() if where.strategy == "STRICT_SPREAD"}
     return [Bundle(role, dict(resources), role in spread) for role, resources in role_bundles(cfg)]
@@ -179,13 +179,13 @@ def render(args: list[str], image: str = "", cpus_per_pod: int = 4, gpus_per_pod
     fixed = [a for a in args if not a.startswith("trainer.run_root=")] + [f"trainer.run_root={run_root}",
                                                                            "trainer.shared_fs=true"]
     if any(a.startswith("sweep=") for a in args):
-        from toolbox.tune import load_sweep, sweep_configs
+        from toolbox.commands.tune import load_sweep, sweep_configs
 
         sweep_name, sweep, extra = load_sweep(fixed)
         # The largest trial over the listed values of the space, max_concurrent_trials times.
         largest = max((experiment_bundles(cfg) for cfg in sweep_configs(sweep, extra)), key=total_cpus)
         bundles = [Bundle("driver", {"CPU": 0.01}), *largest] * sweep.max_concurrent_trials
-        module, what, deadline = "toolbox.tune", {"toolbox/sweep": sweep_name}, 86400
+        module, what, deadline = "toolbox.commands.tune", {"toolbox/sweep": sweep_name}, 86400
         default_name = f"toolbox-sweep-{sweep_name}"
     else:
         cfg = load_config(fixed)

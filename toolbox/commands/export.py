@@ -1,4 +1,4 @@
-"""``python -m toolbox.export RUN_DIR[/checkpoints/step_N] OUT_DIR``: a checkpoint as a Hugging Face model directory.
+"""``toolbox export RUN_DIR[/checkpoints/step_N] OUT_DIR``: a checkpoint as a Hugging Face model directory.
 
 Either side may be a URL of a filesystem fsspec knows (``s3://bucket/runs/x``, `toolbox.core.storage`): a remote
 checkpoint and its run's ``config.yaml`` are downloaded first, a remote OUT is written locally and uploaded.
@@ -36,7 +36,7 @@ class ExportSource:
 
 def find_source(target: str | Path) -> ExportSource:
     """A run directory (its latest ``checkpoints/step_N``) or a ``step_N`` directory inside one."""
-    from toolbox.experiment import find_resume
+    from toolbox.driver.experiment import find_resume
 
     path = Path(target).resolve()
     if (path / ".metadata").exists():
@@ -56,7 +56,7 @@ def find_source(target: str | Path) -> ExportSource:
 def export_checkpoint(target: str | Path | ExportSource, out: str | Path) -> Path:
     """Write the policy of checkpoint ``target`` (see `find_source`) to ``out`` as a Hugging Face directory."""
     from toolbox.config import load_config
-    from toolbox.experiment import resolve_model_path
+    from toolbox.driver.experiment import resolve_model_path
     from toolbox.learner.checkpoint import load_model_weights
     from toolbox.learner.hf_export import base_model, write_hf_dir
 
@@ -81,7 +81,7 @@ def export_checkpoint(target: str | Path | ExportSource, out: str | Path) -> Pat
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m toolbox.export", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="toolbox export", description=__doc__.splitlines()[0])
     parser.add_argument("source", help="a run directory (its latest checkpoint) or RUN_DIR/checkpoints/step_N")
     parser.add_argument("out", help="the Hugging Face model directory to write")
     parser.add_argument("--force", action="store_true", help="overwrite a model already in OUT")
