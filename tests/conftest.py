@@ -74,11 +74,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     """A local Ray instance, shared by every integration test of the session, started as a run starts its own
-    (`toolbox.driver.experiment.start_local`: the workers inherit the worker env, so the actors take the processes Ray
+    (`toolbox.driver.local_ray.start_local`: the workers inherit the worker env, so the actors take the processes Ray
     starts ahead)."""
     import ray
 
-    from toolbox.driver.experiment import start_local
+    from toolbox.driver.local_ray import start_local
 
     if not ray.is_initialized():  # "local": never a cluster some `ray start` left behind
         start_local({"address": "local", "num_cpus": 4, "include_dashboard": False, "log_to_driver": False})

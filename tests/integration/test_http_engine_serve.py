@@ -25,7 +25,9 @@ from toolbox.actors.learner import LearnerWorker
 
 from toolbox.config import load_config
 from toolbox.core.events import Event
-from toolbox.driver.experiment import WORKER_ENV, ExperimentBuilder, resolve_model_path
+from toolbox.driver.experiment import ExperimentBuilder
+from toolbox.driver.local_ray import WORKER_ENV
+from toolbox.driver.preflight import resolve_model_path
 from toolbox.engines.base import SamplingConfig
 from toolbox.engines.http import HTTPEngine, HTTPEngineConfig
 from toolbox.models.loading import load_causal_lm

@@ -18,7 +18,8 @@ SCRIPT = textwrap.dedent("""
     import psutil, ray
     from toolbox.actors.group import WorkerGroup
     from toolbox.config import load_config
-    from toolbox.driver.experiment import WORKER_ENV, actor_env, connect_ray
+    from toolbox.driver.local_ray import WORKER_ENV, actor_env
+    from toolbox.driver.ray_connect import connect_ray
 
     class Probe:
         def ready(self):
@@ -41,7 +42,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_a_local_instance_hands_its_started_workers_to_actors_with_the_worker_env() -> None:
-    from toolbox.driver.experiment import WORKER_ENV
+    from toolbox.driver.local_ray import WORKER_ENV
 
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -160,7 +160,7 @@ def test_the_python_api_example_runs(ray_session: None, tmp_path: Path) -> None:
 def test_trials_place_their_actors_in_the_trial_placement_group(ray_session: None, tmp_path: Path) -> None:
     """Real actors (2 FSDP2 learner ranks per trial) inside each trial's own placement group, 2 trials at once."""
     from toolbox.config import load_config
-    from toolbox.driver.experiment import trial_bundles
+    from toolbox.driver.placement import trial_bundles
 
     cfg = load_config(["experiment=grpo_tiny_fsdp2", "rollout.num_workers=1", "reward.num_workers=1"])
     assert trial_bundles(cfg) == [{"CPU": 0.01}, {"CPU": 0.25}, {"CPU": 0.1}, {"CPU": 0.5}, {"CPU": 0.5}]

@@ -11,7 +11,7 @@ import torch
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.driver.cold_start import cold_start_dir
-from toolbox.driver.experiment import resolve_model_path
+from toolbox.driver.preflight import resolve_model_path
 from toolbox.models.loading import load_causal_lm
 
 

@@ -273,7 +273,7 @@ def test_http_engine_that_cannot_take_weights_is_refused_for_training() -> None:
 
 
 def test_a_reward_that_cannot_be_built_fails_on_the_driver_before_ray() -> None:
-    from toolbox.driver.experiment import check_specs
+    from toolbox.driver.preflight import check_specs
 
     def broken() -> None:
         raise ImportError("No module named 'judge_client'")

@@ -17,7 +17,7 @@ from toolbox.data.encode import encode_preference
 from toolbox.data.offline import load_records
 from toolbox.data.prompts import PromptSource
 from toolbox.data.rows import DataConfig
-from toolbox.driver.experiment import resolve_model_path
+from toolbox.driver.preflight import resolve_model_path
 from toolbox.models.tiny import build_char_tokenizer
 
 ROWS = [{"question": f"What is {i} plus {i}?", "answer": str(2 * i)} for i in range(12)]

@@ -313,7 +313,7 @@ def _demand(args: list[str]) -> list[dict[str, float]]:
     """Every placement-group bundle the rendered job will ask Ray for (all concurrent trials of a sweep)."""
     from toolbox.commands.tune import load_sweep, sweep_configs
     from toolbox.config import load_config
-    from toolbox.driver.experiment import trial_bundles
+    from toolbox.driver.placement import trial_bundles
 
     fixed = [*args, "trainer.run_root=/runs"]
     if args[0].startswith("sweep="):

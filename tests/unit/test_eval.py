@@ -18,7 +18,7 @@ from toolbox.commands import eval as toolbox_eval
 from toolbox.commands import export as toolbox_export
 from toolbox.commands import run as toolbox_run
 from toolbox.core.errors import ConfigError
-from toolbox.driver.experiment import WORKER_ENV
+from toolbox.driver.local_ray import WORKER_ENV
 from toolbox.evaluation.metrics import PromptResult, pass_at_k, summarize
 
 LOCAL = ["ray.local_mode=true", "learner.num_workers=1", "learner.strategy=single", "callbacks=[{name: jsonl}]"]

@@ -12,8 +12,8 @@ import pytest
 
 from toolbox.config import load_config
 from toolbox.driver.dry_run import model_shape
-from toolbox.driver.experiment import role_bundles
 from toolbox.driver.gpu_plan import gpu_plan
+from toolbox.driver.placement import role_bundles
 
 STAND_IN_DATA = "task.path=./configs/data/gsm8k_tiny"
 RECIPES = {"grpo_qwen2.5_0.5b_gsm8k": 1, "grpo_qwen2.5_7b_gsm8k": 8, "grpo_qwen2.5_7b_lora_gsm8k": 1}

@@ -16,7 +16,7 @@ from toolbox.actors.rollout import RolloutWorker
 from tests.unit.golden import run_recipe
 from toolbox.config import load_config
 from toolbox.driver.dry_run import actor_rows
-from toolbox.driver.experiment import role_bundles
+from toolbox.driver.placement import role_bundles
 from toolbox.rewards.runner import RewardRunConfig
 from toolbox.rl.batch import RolloutBatch
 

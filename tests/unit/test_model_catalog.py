@@ -78,7 +78,7 @@ def test_a_fetched_catalog_name_is_its_cached_directory_and_other_paths_are_unch
 
 
 def test_the_run_resolves_a_catalog_name_with_tiny_null(cache: Path) -> None:
-    from toolbox.driver.experiment import resolve_model_path
+    from toolbox.driver.preflight import resolve_model_path
 
     fake_model_dir(cache / NAME)
     cfg = load_config([f"model.path={NAME}", "model.tiny=null"])
@@ -171,7 +171,7 @@ def test_the_hub_probe_gives_up_within_its_timeout(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_gguf_file_is_converted_once(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from toolbox.driver.experiment import resolve_model_path
+    from toolbox.driver.preflight import resolve_model_path
 
     converter = FakeConverter()
     monkeypatch.setattr(gguf, "import_gguf", converter)

@@ -7,7 +7,8 @@ import pytest
 from toolbox.config import load_config
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.errors import ConfigError
-from toolbox.driver.experiment import check_run_root_shared, trial_bundles
+from toolbox.driver.placement import trial_bundles
+from toolbox.driver.preflight import check_run_root_shared
 
 
 def test_custom_resources_of_a_role_go_into_its_bundles() -> None:

@@ -14,7 +14,7 @@ from toolbox.algorithms.ppo_env.config import PPOEnvConfig
 from toolbox.config import load_config
 from toolbox.config.loader import dump_config
 from toolbox.core.errors import ConfigError
-from toolbox.driver.experiment import trial_bundles
+from toolbox.driver.placement import trial_bundles
 from toolbox.envs.config import EnvConfig
 from toolbox.envs.make import check_env, spec_of
 from toolbox.models.mlp import SpaceSpec

@@ -10,7 +10,7 @@ import pytest
 
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
-from toolbox.driver.experiment import connect_ray, ray_init_kwargs, unreachable
+from toolbox.driver.ray_connect import connect_ray, ray_init_kwargs, unreachable
 
 
 def closed_port() -> int:

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from toolbox.commands.run import main
-from toolbox.driver.experiment import WORKER_ENV
+from toolbox.driver.local_ray import WORKER_ENV
 
 LOCAL = ["ray.local_mode=true", "learner.num_workers=1", "learner.strategy=single", "callbacks=[{name: jsonl}]"]
 

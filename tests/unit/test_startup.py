@@ -10,7 +10,8 @@ import pytest
 
 from toolbox.config import load_config
 from toolbox.core.events import Event, EventBus
-from toolbox.driver.experiment import WORKER_ENV, actor_env, ray_init_kwargs
+from toolbox.driver.local_ray import WORKER_ENV, actor_env
+from toolbox.driver.ray_connect import ray_init_kwargs
 from toolbox.driver.startup import StartupClock, launch_time
 
 

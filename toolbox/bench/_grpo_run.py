@@ -61,7 +61,7 @@ def start_ray(cfg: Any, attempts: int = 5) -> None:
     """`connect_ray`, again when a local raylet missed Ray's fixed 30 s registration window (a loaded machine)."""
     import ray
 
-    from toolbox.driver.experiment import connect_ray
+    from toolbox.driver.ray_connect import connect_ray
 
     for attempt in range(1, attempts + 1):
         try:

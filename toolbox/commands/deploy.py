@@ -69,7 +69,7 @@ class PodGroup:
 
 def experiment_bundles(cfg: Any) -> list[Bundle]:
     """Every actor of one run of ``cfg`` as a bundle, in the role order its placement groups use."""
-    from toolbox.driver.experiment import role_bundles
+    from toolbox.driver.placement import role_bundles
 
     spread = {role for role, where in cfg.ray.placement.items() if where.strategy == "STRICT_SPREAD"}
     return [Bundle(role, dict(resources), role in spread) for role, resources in role_bundles(cfg)]

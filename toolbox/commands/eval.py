@@ -67,7 +67,7 @@ def _is_run_dir(path: Path) -> bool:
 def resolve_model(opts: EvalOptions, cfg: Any) -> str:
     """The directory or hub id to evaluate: ``model=`` (a run directory means its hf/ export; a catalog name its
     fetched copy; with ``model.gguf_file`` a directory holding that GGUF file), else the config's."""
-    from toolbox.driver.experiment import check_model_path, resolve_model_path
+    from toolbox.driver.preflight import check_model_path, resolve_model_path
     from toolbox.models.catalog import resolve_source
 
     if not opts.model:
@@ -129,7 +129,7 @@ def eval_groups(cfg: Any, model_path: str) -> Iterator[tuple[Any, Any]]:
     if use_ray:
         import ray
 
-        from toolbox.driver.experiment import connect_ray
+        from toolbox.driver.ray_connect import connect_ray
 
         if not ray.is_initialized():
             connect_ray(cfg)
@@ -156,7 +156,7 @@ def _group(cfg: Any, role: str, model_path: str, use_ray: bool) -> Any:
     from toolbox.actors.reward import RewardWorker
     from toolbox.actors.rollout import RolloutWorker
     from toolbox.algorithms.base import build_engine, rollout_dtype
-    from toolbox.driver.experiment import actor_env
+    from toolbox.driver.local_ray import actor_env
     from toolbox.engines import ENGINES
 
     section = getattr(cfg, role)

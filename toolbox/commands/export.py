@@ -36,7 +36,7 @@ class ExportSource:
 
 def find_source(target: str | Path) -> ExportSource:
     """A run directory (its latest ``checkpoints/step_N``) or a ``step_N`` directory inside one."""
-    from toolbox.driver.experiment import find_resume
+    from toolbox.driver.preflight import find_resume
 
     path = Path(target).resolve()
     if (path / ".metadata").exists():
@@ -56,7 +56,7 @@ def find_source(target: str | Path) -> ExportSource:
 def export_checkpoint(target: str | Path | ExportSource, out: str | Path) -> Path:
     """Write the policy of checkpoint ``target`` (see `find_source`) to ``out`` as a Hugging Face directory."""
     from toolbox.config import load_config
-    from toolbox.driver.experiment import resolve_model_path
+    from toolbox.driver.preflight import resolve_model_path
     from toolbox.learner.checkpoint import load_model_weights
     from toolbox.learner.hf_export import base_model, write_hf_dir
 

@@ -89,7 +89,8 @@ def run(cfg, console: Console, clock: StartupClock | None = None,  # noqa: ANN00
     import ray
 
     from toolbox import engines, rewards  # noqa: F401  (register built-ins)
-    from toolbox.driver.experiment import ExperimentBuilder, connect_ray, ray_init_kwargs
+    from toolbox.driver.experiment import ExperimentBuilder
+    from toolbox.driver.ray_connect import connect_ray, ray_init_kwargs
 
     started = time.perf_counter()
     try:

@@ -23,7 +23,7 @@ Results in ``<run_root>/sweeps/<name>-<time>/``: a ranked table in the console,
 ``toolbox run experiment=<sweep dir>/best.yaml``.
 
 Each trial reserves one placement group: a bundle for its driver, then one per actor of
-its experiment (`toolbox.driver.experiment.trial_bundles`); the experiment's worker groups are
+its experiment (`toolbox.driver.placement.trial_bundles`); the experiment's worker groups are
 placed in those bundles, so Tune schedules whole experiments and never over-commits.
 Python API: `toolbox_trainable` wraps the same trainable for a `ray.tune.Tuner` of your own
 (docs/examples/tune_api.py).
@@ -186,7 +186,7 @@ def trial_resources(base: list[str], params: dict[str, Any]) -> Any:
     """One placement group per trial: its driver's bundle, then a bundle for every actor of its experiment."""
     from ray.tune import PlacementGroupFactory
 
-    from toolbox.driver.experiment import trial_bundles
+    from toolbox.driver.placement import trial_bundles
 
     cfg = load_config(trial_args(base, params))
     return PlacementGroupFactory([{"CPU": 0.01}] if cfg.ray.local_mode else trial_bundles(cfg))
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import ray
 
-    from toolbox.driver.experiment import connect_ray
+    from toolbox.driver.ray_connect import connect_ray
 
     if not ray.is_initialized():
         connect_ray(load_config(job.base))

@@ -1,7 +1,7 @@
 """``toolbox run ... --dry-run``: what a config would start and spend, printed before anything starts.
 
 Four rich tables: the settings that differ from the defaults, the actors per role with their resources and
-placement groups (from `toolbox.driver.experiment.role_size` / `trial_bundles`, the code that sizes the real groups),
+placement groups (from `toolbox.driver.placement.role_size` / `trial_bundles`, the code that sizes the real groups),
 the batch arithmetic per rank, and an estimate of one learner rank's memory.
 
 Starts nothing: no Ray, no run directory, no weights. The parameter count comes from the model's config
@@ -122,7 +122,7 @@ def _real_model_config(cfg: ExperimentConfig) -> tuple[Any, str]:
     from transformers import AutoConfig
 
     from toolbox.core.errors import ConfigError
-    from toolbox.driver.experiment import check_model_path
+    from toolbox.driver.preflight import check_model_path
     from toolbox.models.architectures import published_config
     from toolbox.models.catalog import gguf_source, gguf_target, resolve
     from toolbox.models.gguf import GGUFImportError, check_gguf_packages
@@ -161,7 +161,7 @@ def changed_settings(cfg: ExperimentConfig) -> list[tuple[str, str]]:
 
 def actor_rows(cfg: ExperimentConfig) -> list[tuple[str, ...]]:
     """Per role, in the order the algorithm builds them: actors, resources each, and their placement group."""
-    from toolbox.driver.experiment import role_size, trial_bundles
+    from toolbox.driver.placement import role_size, trial_bundles
     from toolbox.engines.placement import colocated_bundle
 
     bundles, first = trial_bundles(cfg)[1:], 0

@@ -1,24 +1,19 @@
 """`ExperimentBuilder`: config -> run directory, worker groups, trainer, callbacks (dependency injection).
 
-What is common to every algorithm lives here (run directory, model path, groups,
-callbacks, Ray connection); what is particular is the algorithm's wiring in `toolbox.algorithms`.
+What is common to every algorithm lives here (worker groups and their start, the learner's process group,
+callbacks); what is particular is the algorithm's wiring in `toolbox.algorithms`. The checks before Ray starts are
+in `toolbox.driver.preflight`, actor sizes in `toolbox.driver.placement`, the Ray connection in
+`toolbox.driver.ray_connect`.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
-import hashlib
 import json
 import logging
-import os
-import socket
 import threading
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 from toolbox.callbacks import CALLBACKS
 from toolbox.callbacks.remote import RemotePublish
@@ -27,98 +22,24 @@ from toolbox.config.loader import dump_config
 from toolbox.config.schema import ExperimentConfig, RolePlacement, TrainerConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.events import EventBus
-from toolbox.core.storage import RemoteDir, is_remote, staging_root
+from toolbox.core.storage import RemoteDir, is_remote
 from toolbox.data.offline import OfflineDataConfig
-from toolbox.data.tasks import TASKS
-from toolbox.driver.local_ray import LOCAL_DEFAULTS, WORKER_ENV, actor_env, start_local
+from toolbox.driver.local_ray import actor_env
+from toolbox.driver.placement import reserve_colocated, role_size
+from toolbox.driver.preflight import (
+    check_model_path,
+    check_run_root_shared,
+    check_specs,
+    make_run_dir,
+    resolve_model_path,
+)
+from toolbox.driver.ray_connect import live_nodes
 from toolbox.models.catalog import resolve_source
-from toolbox.models.tiny import ensure_tiny_model
-from toolbox.trainers.checkpoints import latest_checkpoint, resolve_resume
+from toolbox.trainers.checkpoints import resolve_resume
 
 A = TypeVar("A", bound=AlgorithmConfig)
 log = logging.getLogger(__name__)
 SELF_HEALING_ROLES = ("rollout", "reward")  # their workers take a `supervisor` (toolbox.actors.supervisor)
-
-
-def make_run_dir(cfg: ExperimentConfig) -> Path:
-    """``run_root/run_name`` (with a remote run_root: its local staging copy under ``trainer.staging_root``); a
-    resumed run without a name continues in the local directory it resumes from."""
-    t = cfg.trainer
-    resume = Path(t.resume_from) if t.resume_from and not is_remote(t.resume_from) else None
-    if resume is not None and not t.run_name:
-        run_dir = resume if (resume / "checkpoints").is_dir() else resume.parent.parent
-        if (run_dir / "config.yaml").exists():
-            return run_dir
-    name = t.run_name or f"{cfg.experiment}-{dt.datetime.now():%Y%m%d-%H%M%S}"
-    remote = is_remote(t.run_root)
-    run_dir = (staging_root(t.staging_root) if remote else Path(t.run_root).resolve()) / name
-    if not t.run_name:  # two runs started in the same second get their own directories
-        n = 1
-        while run_dir.exists() or (remote and RemoteDir(f"{t.run_root}/{run_dir.name}").exists("")):
-            n += 1
-            run_dir = run_dir.with_name(f"{name}-{n}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
-
-
-def resolve_model_path(cfg: ExperimentConfig, run_root: Path) -> str:
-    """The directory or hub id to load. A tiny model is built (once, deterministically) when asked for; a catalog
-    name is its fetched directory and a ``model.gguf_file`` its converted one (`toolbox.models.catalog`)."""
-    model = cfg.model
-    if model.tiny is None:
-        if not model.path:
-            raise ConfigError("model.path is empty and model.tiny is null: name a model directory or hub id")
-        return with_cold_start(cfg, resolve_source(model.path, model.gguf_file), run_root)
-    task = TASKS.build(cfg.task, inject={"data": cfg.data})
-    digest = hashlib.sha1((model.name + model.tiny.model_dump_json() + task.alphabet()).encode()).hexdigest()[:10]
-    path = Path(model.path) if model.path else run_root / ".models" / f"tiny-{model.name}-{model.tiny.arch}-{digest}"
-    return with_cold_start(cfg, str(ensure_tiny_model(path, model.tiny, task.alphabet(), model.name)), run_root)
-
-
-def with_cold_start(cfg: ExperimentConfig, base: str, run_root: Path) -> str:
-    """``base``, or with ``model.cold_start`` the policy its supervised run exports from it (`toolbox.driver.cold_start`)."""
-    if cfg.model.cold_start is None:
-        return base
-    from toolbox.driver.cold_start import cold_start
-
-    return cold_start(cfg, base, run_root)
-
-
-def check_model_path(path: str, trust_remote_code: bool = False) -> None:
-    """Load the model's config on the driver, so a wrong path fails once, here, before any actor loads it."""
-    from transformers import AutoConfig
-
-    try:
-        AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"model.path: cannot load a model config from {path!r} (a local directory with "
-                          f"config.json, or a hub id): {str(err).splitlines()[0]}") from None
-
-
-def check_specs(cfg: ExperimentConfig) -> None:
-    """What only building a component or asking its server tells, on the driver before Ray starts: the reward
-    builds (a factory that fails would otherwise fail 20 s later inside every reward worker), and a training
-    run's engine can take weight updates (the http engine asks its server). A reward factory is expected to
-    be light (imports, compiled patterns); one that loads a model should do so on its first call."""
-    from toolbox.rewards import REWARDS
-
-    if "reward" in cfg.algorithm.roles:
-        try:
-            REWARDS.build(cfg.reward.spec)
-        except Exception as err:  # any factory failure is a config problem of reward.spec; say which
-            raise ConfigError(f"reward.spec: {cfg.reward.spec.name!r} cannot be built: {type(err).__name__}: {err}") \
-                from None
-    check_training = getattr(cfg.rollout.engine, "check_training", None)
-    if "rollout" in cfg.algorithm.roles and check_training is not None:
-        check_training(probe=True)
-
-
-def find_resume(target: str) -> str:
-    """A run directory: its newest complete checkpoint (never a partial one); anything else: itself."""
-    if not target:
-        return ""
-    latest = latest_checkpoint(Path(target))
-    return str(latest if latest else target)
 
 
 class ExperimentBuilder:
@@ -334,149 +255,5 @@ def join_process_group(group: Any, timeout_s: float) -> None:
     group.each(LearnerWorker.setup, addr, port, timeout_s).result()
 
 
-def role_size(cfg: ExperimentConfig, role: str) -> tuple[int, float, float]:
-    """(workers, CPUs each, GPUs each) of a role, from its config section (rollout, reward or learner)."""
-    section = getattr(cfg, role)
-    return section.num_workers, section.cpus_per_worker, getattr(section, "gpus_per_worker", 0.0)
 
 
-def trial_bundles(cfg: ExperimentConfig, driver_cpus: float = 0.01) -> list[dict[str, float]]:
-    """Placement-group bundles for one whole experiment: the driver's, then every role's workers."""
-    return [{"CPU": driver_cpus}, *(bundle for _, bundle in role_bundles(cfg))]
-
-
-def role_bundles(cfg: ExperimentConfig) -> list[tuple[str, dict[str, float]]]:
-    """(role, Ray resources) of every actor of a run, in the order of the roles: CPUs, GPUs and the role's
-    custom resources (``ray.placement.<role>.resources``)."""
-    out = []
-    for role in cfg.algorithm.roles:
-        n, cpus, gpus = role_size(cfg, role)
-        custom = cfg.ray.placement.get(role, RolePlacement()).resources
-        out += [(role, {"CPU": cpus, **({"GPU": gpus} if gpus else {}), **custom})] * n
-    return out
-
-
-def live_nodes() -> int:
-    """How many nodes of the connected Ray cluster are alive."""
-    import ray
-
-    return sum(1 for node in ray.nodes() if node.get("Alive"))
-
-
-def check_run_root_shared(trainer: TrainerConfig, nodes: int) -> None:
-    """On a cluster of several nodes, learner ranks elsewhere write checkpoints under run_root: it must be shared."""
-    if nodes > 1 and not trainer.shared_fs:
-        raise ConfigError(
-            f"trainer.run_root={trainer.run_root!r} is a local path and the Ray cluster has {nodes} nodes: actors on "
-            "other nodes would write checkpoints to their own disks. Put run_root on a filesystem every node mounts "
-            "(NFS, a Kubernetes ReadWriteMany volume such as deploy/kuberay/pvc.yaml) and pass trainer.shared_fs=true.")
-
-
-def ray_init_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
-    """Connect to ``ray.address`` / RAY_ADDRESS (a cluster, or ray job submit) or start a new local instance.
-
-    Without an address the instance is always a new one (``address="local"``): ``None`` would join whatever
-    cluster /tmp/ray/ray_current_cluster names, someone else's, or a dead one that hangs start-up forever. Its
-    workers inherit `WORKER_ENV` from the raylet (`connect_ray`) rather than from a job runtime env, which would
-    keep Ray from handing the worker processes it starts ahead to our actors.
-    """
-    address = cfg.ray.address or os.environ.get("RAY_ADDRESS") or "local"
-    if address != "local":
-        return {"address": address, "runtime_env": {"env_vars": WORKER_ENV}}
-    kwargs = dict(LOCAL_DEFAULTS)
-    if cfg.ray.num_cpus:
-        kwargs["num_cpus"] = cfg.ray.num_cpus
-    return kwargs
-
-
-# Ray's own knob for how many times (about one a second) a driver tries to reach the GCS before giving up.
-GCS_ATTEMPTS_ENV = "RAY_gcs_server_port_wait_time_s"
-
-
-def connect_ray(cfg: ExperimentConfig, **overrides: Any) -> None:
-    """``ray.init`` as `ray_init_kwargs` says (``overrides`` on top), bounded by ``ray.connect_timeout_s``.
-
-    A given address must accept a connection within the timeout, or `ConfigError` names it and what to do;
-    then Ray makes one attempt to reach its GCS (it would otherwise retry for many minutes).
-    """
-    import ray
-
-    kwargs = {**ray_init_kwargs(cfg), **overrides}
-    address = str(kwargs["address"])
-    if address == "local":
-        start_local(kwargs)
-        return
-    field = f"ray.address={address}" if cfg.ray.address else f"RAY_ADDRESS={address}"
-    timeout = cfg.ray.connect_timeout_s
-    advice = ("start the cluster (`ray start --head`) or fix the address; leave ray.address and RAY_ADDRESS unset to "
-              "start a local instance")
-    problem = unreachable(address, timeout)
-    if problem:
-        raise ConfigError(f"{field}: no Ray cluster answers within {timeout:g}s (ray.connect_timeout_s): {problem}; "
-                          f"{advice}")
-    previous = os.environ.get(GCS_ATTEMPTS_ENV)
-    os.environ.setdefault(GCS_ATTEMPTS_ENV, "1")
-    try:
-        ray.init(**kwargs)
-    except ConnectionError as err:
-        raise ConfigError(f"{field}: something listens there but Ray could not connect ({err}); {advice}") from None
-    finally:
-        if previous is None:
-            os.environ.pop(GCS_ATTEMPTS_ENV, None)
-
-
-def unreachable(address: str, timeout_s: float) -> str:
-    """Why nothing accepts a TCP connection at ``address`` (``host:port``, ``ray://host:port`` or ``auto``) within
-    ``timeout_s``, retrying twice a second (a head may be starting); empty when something does."""
-    host, port, problem = _host_port(address)
-    if problem:
-        return problem
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
-                return ""
-        except OSError as err:
-            problem = f"{host}:{port}: {err.strerror or err}"
-        if time.monotonic() + 0.5 >= deadline:
-            return problem
-        time.sleep(0.5)
-
-
-def _host_port(address: str) -> tuple[str, int, str]:
-    """``(host, port, "")``, or ``("", 0, why)`` when ``address`` names no host."""
-    if address == "auto":
-        from ray._private.services import canonicalize_bootstrap_address
-
-        try:
-            found = canonicalize_bootstrap_address(address)
-        except ConnectionError as err:
-            return "", 0, str(err)
-        if not found:
-            return "", 0, "address=auto found no running cluster on this machine"
-        address = found
-    parts = urlsplit(address if "://" in address else f"//{address}")
-    try:
-        port = parts.port or (10001 if parts.scheme == "ray" else 6379)
-    except ValueError as err:
-        return "", 0, f"not a host:port address ({err})"
-    if not parts.hostname:
-        return "", 0, "not a host:port address"
-    return parts.hostname, port, ""
-
-
-def reserve_colocated(cfg: ExperimentConfig) -> Any:
-    """The shared placement group of a colocated run: ``learner.num_workers`` bundles of `colocated_bundle`
-    (bundle i: learner rank i and rollout worker i), scheduled within ``ray.placement_timeout_s``."""
-    import ray
-
-    from toolbox.actors.group import reserve
-    from toolbox.engines.placement import colocated_bundle
-
-    bundle, strategy = colocated_bundle(cfg)
-    n, timeout = cfg.learner.num_workers, cfg.ray.placement_timeout_s
-    return reserve(bundle, n, strategy, timeout, lambda: ConfigError(
-        f"rollout.placement: colocate: a placement group of {n} x {bundle} (learner rank + rollout worker per "
-        f"bundle) was not scheduled within {timeout:g}s (ray.placement_timeout_s); free now: "
-        f"{ {k: ray.available_resources().get(k, 0.0) for k in bundle} }. Lower learner/rollout cpus_per_worker "
-        "or gpus_per_worker, or add nodes"))
