@@ -17,7 +17,7 @@ from pathlib import Path
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
-from toolbox.commands.tune import SCORE, toolbox_trainable
+from toolbox.commands.sweeps.trial import SCORE, toolbox_trainable
 from toolbox.config import load_config
 
 

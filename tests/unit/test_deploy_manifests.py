@@ -311,7 +311,7 @@ def _rendered(label: str) -> dict[str, Any]:
 
 def _demand(args: list[str]) -> list[dict[str, float]]:
     """Every placement-group bundle the rendered job will ask Ray for (all concurrent trials of a sweep)."""
-    from toolbox.commands.tune import load_sweep, sweep_configs
+    from toolbox.commands.sweeps.config import load_sweep, sweep_configs
     from toolbox.config import load_config
     from toolbox.driver.placement import trial_bundles
 

@@ -7,15 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from toolbox.commands.tune import (
-    SweepJob,
-    best_experiment,
-    load_sweep,
-    make_scheduler,
-    make_search,
-    prepare,
-    tune_space,
-)
+from toolbox.commands.sweeps.config import SweepJob, load_sweep, prepare
+from toolbox.commands.sweeps.results import best_experiment
+from toolbox.commands.tune import make_scheduler, make_search, tune_space
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 

@@ -179,7 +179,7 @@ def render(args: list[str], image: str = "", cpus_per_pod: int = 4, gpus_per_pod
     fixed = [a for a in args if not a.startswith("trainer.run_root=")] + [f"trainer.run_root={run_root}",
                                                                            "trainer.shared_fs=true"]
     if any(a.startswith("sweep=") for a in args):
-        from toolbox.commands.tune import load_sweep, sweep_configs
+        from toolbox.commands.sweeps.config import load_sweep, sweep_configs
 
         sweep_name, sweep, extra = load_sweep(fixed)
         # The largest trial over the listed values of the space, max_concurrent_trials times.
