@@ -12,8 +12,9 @@ from __future__ import annotations
 import sys
 
 from toolbox.config import load_config
-from toolbox.driver.dry_run import GiB, model_shape
 from toolbox.driver.gpu_plan import gpu_plan
+from toolbox.driver.memory_estimate import GiB
+from toolbox.driver.model_shape import model_shape
 
 MODELS = ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct",
           "meta-llama/Llama-3.1-8B-Instruct")

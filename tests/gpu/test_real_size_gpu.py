@@ -173,7 +173,8 @@ def test_grpo_steps_with_hf_engine_on_the_same_gpu(nccl_group: None, tiny_model_
     from toolbox.algorithms.grpo.config import GRPOConfig
     from toolbox.algorithms.grpo.learner import GRPOLearner
     from toolbox.config import load_config
-    from toolbox.driver.dry_run import memory_lines, model_shape
+    from toolbox.driver.memory_estimate import memory_lines
+    from toolbox.driver.model_shape import model_shape
     from toolbox.rewards.base import RewardResult
 
     cfg = LearnerConfig(num_workers=1, strategy="fsdp2", device="cuda", mixed_precision="bf16",

@@ -9,7 +9,7 @@ import pytest
 
 from toolbox.commands.run import main as run_main
 from toolbox.config import load_config
-from toolbox.driver import dry_run
+from toolbox.driver import dry_run, memory_estimate, model_shape
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -36,20 +36,20 @@ def test_the_parameter_count_matches_the_built_model(tiny_model_dir: Path) -> No
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    from_path = dry_run.model_shape(load_config([f"model.path={tiny_model_dir}", "model.tiny=null"]))
-    from_tiny = dry_run.model_shape(load_config([]))  # the default tiny model, from its config alone
+    from_path = model_shape.model_shape(load_config([f"model.path={tiny_model_dir}", "model.tiny=null"]))
+    from_tiny = model_shape.model_shape(load_config([]))  # the default tiny model, from its config alone
 
     assert from_path.params == from_tiny.params == sum(p.numel() for p in model.parameters())
     assert from_path.block_params == sum(p.numel() for p in model.model.layers[0].parameters())
 
 
-def memory(*overrides: str) -> dict[str, dry_run.MemoryLine]:
+def memory(*overrides: str) -> dict[str, memory_estimate.MemoryLine]:
     cfg = load_config(["experiment=grpo_tiny_fsdp2", *overrides])
-    return {line.what: line for line in dry_run.memory_lines(cfg, dry_run.model_shape(cfg))}
+    return {line.what: line for line in memory_estimate.memory_lines(cfg, model_shape.model_shape(cfg))}
 
 
 def test_memory_follows_sharding_precision_and_offload() -> None:
-    params = dry_run.model_shape(load_config(["experiment=grpo_tiny_fsdp2"])).params
+    params = model_shape.model_shape(load_config(["experiment=grpo_tiny_fsdp2"])).params
 
     fsdp = memory("learner.num_workers=2")
     assert fsdp["parameters"].bytes == params * 4 / 2
@@ -113,7 +113,7 @@ QWEN_7B_ON_8 = ["experiment=grpo_tiny_fsdp2", "model.path=Qwen/Qwen2.5-7B-Instru
 
 
 def test_published_architecture_is_planned_without_the_hub() -> None:
-    shape = dry_run.model_shape(load_config(QWEN_7B_ON_8))
+    shape = model_shape.model_shape(load_config(QWEN_7B_ON_8))
     assert round(shape.params / 1e9, 2) == 7.62 and shape.source.endswith("(published architecture)")
     assert (shape.layers, shape.kv_dim, shape.intermediate) == (28, 512, 18944)
     assert shape.root_params == 2 * 152064 * 3584 + 3584  # embeddings, LM head (not tied), final norm
@@ -125,10 +125,10 @@ def test_memory_at_real_size_root_group_sdpa_and_offloaded_reference() -> None:
     assert root.where == "cuda" and root.bytes == (2 * 152064 * 3584 + 3584) * (2 + 2 + 4)  # bf16 x2 + fp32 reduce
     assert lines["frozen reference"].where == "host (offload)"  # FSDP2's CPU offload of the reference on a GPU
     sdpa = lines["activations (one micro-batch)"].bytes
-    shape = dry_run.model_shape(load_config(QWEN_7B_ON_8))
-    eager = dry_run.activation_line(load_config(QWEN_7B_ON_8), dry_run.ModelShape(
+    shape = model_shape.model_shape(load_config(QWEN_7B_ON_8))
+    eager = memory_estimate.activation_line(load_config(QWEN_7B_ON_8), model_shape.ModelShape(
         **{**shape.__dict__, "attention": "eager"}), 2).bytes
-    seq, rows = dry_run.sequence_length(load_config(QWEN_7B_ON_8), shape)[0], 2
+    seq, rows = memory_estimate.sequence_length(load_config(QWEN_7B_ON_8), shape)[0], 2
     assert eager - sdpa == shape.layers * rows * seq * 2 * 2 * shape.heads * seq  # scores + softmax, kept by eager only
 
 
@@ -136,11 +136,11 @@ def test_engine_line_holds_weights_and_kv_cache_at_its_utilization() -> None:
     from toolbox.driver.gpu_plan import engine_memory, gpu_plan, kv_bytes_per_token
 
     cfg = load_config(QWEN_7B_ON_8)
-    shape = dry_run.model_shape(cfg)
+    shape = model_shape.model_shape(cfg)
     assert kv_bytes_per_token(shape, 2) == 56 * 1024  # Qwen2.5-7B, bf16
-    engine = engine_memory(cfg, shape, 80 * dry_run.GiB)
+    engine = engine_memory(cfg, shape, 80 * memory_estimate.GiB)
     assert engine is not None and engine.weights == shape.params * 2  # rollout.dtype auto: bf16, not model.dtype
-    assert engine.reserved == 0.5 * 80 * dry_run.GiB and engine.kv_tokens > 0
+    assert engine.reserved == 0.5 * 80 * memory_estimate.GiB and engine.kv_tokens > 0
     assert gpu_plan(cfg, shape).fits
     tight = load_config([*QWEN_7B_ON_8, "rollout.engine.gpu_memory_utilization=0.2"])
     assert "less than one sequence" in " ".join(gpu_plan(tight, shape).problems)
@@ -154,6 +154,6 @@ def test_engine_line_holds_weights_and_kv_cache_at_its_utilization() -> None:
 def test_a_pair_algorithm_counts_both_rows_of_each_pair(experiment: str) -> None:
     """A micro-batch of m pairs is one forward of 2m rows (chosen, then rejected), reward model as DPO."""
     cfg = load_config([f"experiment={experiment}", "learner.micro_batch_size=4"])
-    line = dry_run.activation_line(cfg, dry_run.model_shape(cfg), 4)
+    line = memory_estimate.activation_line(cfg, model_shape.model_shape(cfg), 4)
     assert line.how.startswith("8 rows x ")
     assert dict(dry_run.batch_rows(cfg))["model rows per example"] == "2 (a pair: chosen and rejected)"

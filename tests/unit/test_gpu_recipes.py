@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from toolbox.config import load_config
-from toolbox.driver.dry_run import model_shape
 from toolbox.driver.gpu_plan import gpu_plan
+from toolbox.driver.model_shape import model_shape
 from toolbox.driver.placement import role_bundles
 
 STAND_IN_DATA = "task.path=./configs/data/gsm8k_tiny"

@@ -4,7 +4,7 @@
 of the GPU, which holds its weights in ``rollout.dtype`` (sharded over tensor x pipeline parallel GPUs), a working
 reserve for its forward (`ENGINE_WORKSPACE`, an assumption: vLLM measures it at start), and a KV cache in the rest
 (``2 x layers x kv_heads x head_dim`` values per token: 56 KiB for Qwen2.5-7B in bf16). `gpu_plan` sets that beside
-the learner's estimate (`toolbox.driver.dry_run.memory_lines`) phase by phase:
+the learner's estimate (`toolbox.driver.memory_estimate.memory_lines`) phase by phase:
 
 - ``split`` (or colocated on GPUs of their own): the learner rank's training peak on its GPU(s); the engine's
   reservation on its own, whose KV cache must hold at least one whole sequence.
@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from toolbox.config.schema import ExperimentConfig
-from toolbox.driver.dry_run import BYTES, GiB, ModelShape, memory_lines, rank_device, sequence_length
+from toolbox.driver.memory_estimate import BYTES, GiB, memory_lines, rank_device, sequence_length
+from toolbox.driver.model_shape import ModelShape
 from toolbox.engines.common import engine_dtype
 
 ENGINE_WORKSPACE = 2 * GiB  # an engine's forward and sampler beside weights and KV cache (vLLM profiles it at start)
