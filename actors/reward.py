@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from toolbox.core.retry import take_retries
 from toolbox.core.seeding import rng_state, set_rng_state
 from toolbox.models.loading import load_tokenizer
 from toolbox.rewards import REWARDS
@@ -38,7 +39,7 @@ class RewardWorker:
         """The three-state result of every sample of ``batch`` (which Ray fetched from the rollout worker)."""
         start = time.perf_counter()
         result = score_samples(self.reward, decode_samples(batch, self.tokenizer), self.run)
-        result.seconds = time.perf_counter() - start
+        result.seconds, result.retries = time.perf_counter() - start, take_retries()
         return result
 
     def get_state(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from toolbox.core.retry import take_retries
 from toolbox.core.seeding import rng_state, set_rng_state
 from toolbox.engines import SamplingConfig
 from toolbox.engines.base import WakesInStages, device_syncable, sleep_engine, wake_engine
@@ -52,7 +53,7 @@ class RolloutWorker:
         self.wake()
         start = time.perf_counter()
         batch = self.engine.generate(requests, sampling)
-        batch.seconds = time.perf_counter() - start
+        batch.seconds, batch.retries = time.perf_counter() - start, take_retries()
         if sleep_after:
             self.sleep()
         return batch
@@ -172,8 +173,10 @@ class RolloutWorker:
 
 def split_rows(batch: RolloutBatch, sizes: list[int], seconds: float) -> tuple[RolloutBatch, ...]:
     """``batch`` cut into consecutive parts of ``sizes`` rows, each without the padding columns none of its rows
-    needs (so a part is shaped as if generated alone); ``seconds`` shared out by rows."""
+    needs (so a part is shaped as if generated alone); ``seconds`` shared out by rows, the call's retries carried by
+    the first part."""
     parts = [part.trimmed() for part in batch.split_sizes(sizes)]
-    for part in parts:
+    for i, part in enumerate(parts):
         part.seconds = seconds * len(part) / max(1, len(batch))
+        part.retries = 0 if i else take_retries()
     return tuple(parts)

@@ -46,6 +46,7 @@ class FakeServe:
     pushes: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
     info_gets: int = 0
     busy: int = 0  # answer this many completions requests 429 (queue full) first
+    failing: int = 0  # then this many 503 (a server restarting)
 
 
 def choice(index: int) -> dict[str, Any]:
@@ -87,6 +88,9 @@ def make_handler(state: FakeServe) -> type[BaseHTTPRequestHandler]:
                 state.busy -= 1
                 return self._reply(429, {"error": {"message": "the server is busy", "type": "rate_limit_error",
                                                    "param": None, "code": "queue_full"}})
+            if state.failing:
+                state.failing -= 1
+                return self._reply(503, {"error": {"message": "restarting", "type": "server_error"}})
             state.completions.append(request)
             state.keys.append(self.headers.get("Authorization", ""))
             self._reply(200, {"id": "cmpl-0", "object": "text_completion", "created": 0, "model": "tiny",
@@ -119,7 +123,8 @@ def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def engine(tok_dir: str, url: str, **options: Any) -> http_mod.HTTPEngine:
-    return http_mod.HTTPEngine(tok_dir, config=http_mod.HTTPEngineConfig(base_url=url, max_retries=0, **options))
+    return http_mod.HTTPEngine(tok_dir, config=http_mod.HTTPEngineConfig(**{"base_url": url, "max_retries": 0,
+                                                                            **options}))
 
 
 def learner_state() -> dict[str, torch.Tensor]:
@@ -290,3 +295,21 @@ def test_a_busy_server_is_waited_out_then_named(fake: tuple[FakeServe, str], tok
     with pytest.raises(RuntimeError, match=rf"rows \[.*\] \({url}\): the server answered 429 \(busy\) for 0.3s "
                                            r"\(rollout.engine.timeout_s\).*lower rollout.engine.max_concurrency"):
         engine(tok_dir, url, timeout_s=0.3).generate(GROUPS, SAMPLING)
+
+
+def test_failed_requests_are_retried_by_the_one_policy_and_counted(fake: tuple[FakeServe, str], tok_dir: str) -> None:
+    """A 503 is sent again up to max_retries times (the openai client itself retries nothing), each retry counted
+    for the step's ``retries`` metric; past max_retries the server's error is raised as it was."""
+    import openai
+
+    from toolbox.core.retry import take_retries
+
+    state, url = fake
+    take_retries()
+    state.failing = 2
+    batch = engine(tok_dir, url, max_retries=2).generate(GROUPS, SAMPLING)
+    assert len(batch) == 4 and state.failing == 0 and len(state.completions) == 2 and take_retries() == 2
+    state.failing = 3
+    with pytest.raises(openai.InternalServerError, match="restarting"):
+        engine(tok_dir, url, max_retries=1).generate(GROUPS[:1], SAMPLING)
+    assert state.failing == 1 and take_retries() == 1

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _counts: Counter[str] = Counter()
+_unreported = [0]  # retries no result has carried yet (`take_retries`)
 _lock = threading.Lock()
 
 
@@ -56,6 +57,7 @@ class RetryPolicy(BaseModel):
                     raise
                 with _lock:
                     _counts[what] += 1
+                    _unreported[0] += 1
                 log.log(level, "%s failed (%s: %s); retry %d of %d in %.2fs", what, type(err).__name__, err,
                         retry + 1, self.attempts - 1, pause)
                 sleep(pause)
@@ -66,6 +68,15 @@ def retry_counts() -> dict[str, int]:
     """Retries made in this process so far, per ``what``."""
     with _lock:
         return dict(_counts)
+
+
+def take_retries() -> int:
+    """Retries made in this process that no one has taken yet; each is handed out once. A rollout or reward worker
+    attaches them to the batch or scores it returns, the driver adds its own (remote storage) to the step's
+    metrics, so a step's ``retries`` counts every retry of every process once, in-process groups included."""
+    with _lock:
+        count, _unreported[0] = _unreported[0], 0
+    return count
 
 
 def transient(err: BaseException) -> bool:

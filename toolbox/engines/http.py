@@ -80,7 +80,8 @@ class HTTPEngineConfig(BaseModel):
     timeout_s: float = Field(default=600.0, gt=0.0,
                              description="Seconds one completion request (or one weight upload) may take.")
     max_concurrency: int = Field(default=32, ge=1, description="Completion requests in flight at once.")
-    max_retries: int = Field(default=2, ge=0, description="Retries of a failed request (connection error, 5xx, 429).")
+    max_retries: int = Field(default=2, ge=0, description="Retries of a failed request (no connection, a timeout, a "
+                             "408 or 5xx answer), by the one retry policy; a 429 (busy) is waited out until timeout_s.")
     server_token_ids: bool = Field(
         default=True,
         description="Ask the server for the sampled token ids (see token_ids_field) so text need not be "
@@ -221,6 +222,17 @@ def prompt_rows(requests: list[PromptRequest]) -> list[list[int]]:
     return list(rows.values())
 
 
+def request_failed(err: BaseException) -> bool:
+    """Whether a completions request is worth sending again: it got no answer (no connection, a timeout: the
+    client's ``APIConnectionError``) or a 408 or 5xx one. Not a 429 (waited out apart) nor another 4xx (a bad
+    request or a refused key fails the same way every time)."""
+    import openai
+
+    if isinstance(err, openai.APIConnectionError):
+        return True
+    return isinstance(err, openai.APIStatusError) and (err.status_code == 408 or err.status_code >= 500)
+
+
 def _snippet(body: bytes, limit: int = 300) -> str:
     return body[:limit].decode("utf-8", "replace")
 
@@ -257,7 +269,7 @@ class HTTPEngine:
         self._api_key = (self._secret(cfg.api_key_env, "api_key_env") if cfg.api_key_env
                          else cfg.api_key.get_secret_value())
         self.client = openai.OpenAI(
-            base_url=cfg.base_url, api_key=self._api_key, timeout=cfg.timeout_s, max_retries=cfg.max_retries
+            base_url=cfg.base_url, api_key=self._api_key, timeout=cfg.timeout_s, max_retries=0  # retried in `_create`
         )
         torch.manual_seed(seed)  # the per-request seeds are drawn from this process's (checkpointed) torch stream
         self.server: ServerInfo | None = None  # None: not known yet (the server did not answer at start)
@@ -305,17 +317,24 @@ class HTTPEngine:
                 for row, c in zip(rows, choices)]
 
     def _create(self, where: str, **request: Any) -> Any:
-        """``completions.create``, waiting out a busy server: a 429 (its queue has no room for the request's choices:
-        other workers' requests fill it, whatever retries the client made) is sent again after a jittered pause that
-        doubles up to BUSY_MAX_PAUSE_S (the one retry policy, `toolbox.core.retry`), until ``timeout_s`` has passed
-        since the first try; then the step fails, naming what
-        to change. Other errors are the client's (``max_retries``)."""
+        """``completions.create`` under the one retry policy (`toolbox.core.retry`; the client itself retries nothing).
+
+        A request that fails (no connection, a timeout, a 408 or 5xx answer) is sent again up to ``max_retries``
+        times. A 429 (the server's queue has no room for the request's choices: other workers' requests fill it) is
+        waited out: sent again after a jittered pause that doubles up to BUSY_MAX_PAUSE_S until ``timeout_s`` has
+        passed since the first try; then the step fails, naming what to change. Every retry is counted."""
         import openai
 
+        failed = RetryPolicy(attempts=self.config.max_retries + 1, deadline_s=self.config.timeout_s)
         busy = RetryPolicy(attempts=10**6, first_pause_s=BUSY_FIRST_PAUSE_S, max_pause_s=BUSY_MAX_PAUSE_S,
                            deadline_s=self.config.timeout_s)  # bounded by the deadline, not a count
+
+        def once() -> Any:
+            return failed.call(lambda: self.client.completions.create(**request), what="http engine request",
+                               retryable=request_failed)
+
         try:
-            return busy.call(lambda: self.client.completions.create(**request), what="http engine request (429)",
+            return busy.call(once, what="http engine request (429)",
                              retryable=lambda err: isinstance(err, openai.RateLimitError),
                              level=logging.DEBUG)  # a busy server is routine under load: counted, not shouted
         except openai.RateLimitError as err:

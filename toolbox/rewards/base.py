@@ -85,7 +85,8 @@ class Reward(Protocol):
 class RewardResult(TensorFields):
     """Per-sample rewards of a batch. ``values_B`` is 0 wherever ``status_B`` is not OK.
 
-    ``seconds`` is how long scoring took (a concatenation keeps the longest). ``max_error_rate`` is the
+    ``seconds`` is how long scoring took (a concatenation keeps the longest); ``retries`` how many calls its
+    worker retried meanwhile (a judge's; a concatenation sums them). ``max_error_rate`` is the
     run's ``reward.run.max_error_rate``, carried with the scores so whoever reads a whole step (the learner's
     plan) can refuse it (`check_error_rate`); a concatenation keeps the strictest.
     """
@@ -97,6 +98,7 @@ class RewardResult(TensorFields):
     max_error_rate: float = 1.0
     # Per sample, the parts of a composite reward (`Composite`); empty when the reward reports none.
     components: list[dict[str, float | None]] = field(default_factory=list)
+    retries: int = 0
 
     def __len__(self) -> int:
         return int(self.values_B.shape[0])
@@ -168,6 +170,7 @@ class RewardResult(TensorFields):
             max_error_rate=min((r.max_error_rate for r in results), default=1.0),
             components=[c for r in results for c in (r.components or [{}] * len(r))]
             if any(r.components for r in results) else [],
+            retries=sum(r.retries for r in results),
         )
 
 

@@ -26,6 +26,9 @@ class PromptRequest:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
+SCALARS = ("seconds", "retries")  # RolloutBatch fields about the whole batch, not per row
+
+
 @dataclass
 class RolloutBatch(TensorFields):
     """A batch of sampled completions, shaped ``[B, P]`` (prompt) and ``[B, R]`` (response).
@@ -36,7 +39,8 @@ class RolloutBatch(TensorFields):
     (0 at padding). ``group_B`` says which prompt each row was sampled from; rows of
     one group share a prompt. ``extras`` carries small per-row metadata (the task's
     reference answer) that the reward needs. ``seconds`` is how long the engine took to make
-    it (a concatenation keeps the longest: shards are generated in parallel).
+    it (a concatenation keeps the longest: shards are generated in parallel); ``retries`` how many
+    calls its worker retried meanwhile (`toolbox.core.retry.take_retries`; a concatenation sums them).
 
     ``own_mask_BR`` is 1 on the model's own response tokens and 0 on the environment's (a
     multi-turn episode's tool results and user turns, which stay in ``response_mask_BR`` so
@@ -54,6 +58,7 @@ class RolloutBatch(TensorFields):
     extras: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
     own_mask_BR: torch.Tensor | None = None
+    retries: int = 0
 
     def __post_init__(self) -> None:
         if self.own_mask_BR is not None and self.own_mask_BR.shape != self.response_mask_BR.shape:
@@ -62,7 +67,7 @@ class RolloutBatch(TensorFields):
         b = self.prompt_ids_BP.shape[0]
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "seconds" or value is None:
+            if f.name in SCALARS or value is None:
                 continue
             n = value.shape[0] if isinstance(value, torch.Tensor) else len(value)
             if n != b and not (f.name == "extras" and n == 0):
@@ -95,7 +100,7 @@ class RolloutBatch(TensorFields):
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "seconds" or value is None:
+            if f.name in SCALARS or value is None:
                 out[f.name] = value
             elif isinstance(value, torch.Tensor):
                 out[f.name] = value[index]
@@ -148,6 +153,7 @@ class RolloutBatch(TensorFields):
             finish_B=torch.cat([b.finish_B for b in batches]),
             extras=[e for b in batches for e in b.extras],
             seconds=max(b.seconds for b in batches),
+            retries=sum(b.retries for b in batches),
             own_mask_BR=None if all(b.own_mask_BR is None for b in batches) else torch.cat(
                 [_pad(b.loss_mask_BR, r, 0, left=False) for b in batches]),
         )

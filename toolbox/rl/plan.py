@@ -103,9 +103,12 @@ class StepRows:
 
 
 def phase_seconds(batches: list[RolloutBatch], results: list[RewardResult]) -> dict[str, float]:
-    """``generate_s`` / ``reward_s``: the longest engine and reward call of a step's shards (they run in parallel)."""
-    return {"generate_s": max((b.seconds for b in batches), default=0.0),
-            "reward_s": max((r.seconds for r in results), default=0.0)}
+    """``generate_s`` / ``reward_s``: the longest engine and reward call of a step's shards (they run in parallel);
+    ``retries``, when there were any: the calls the rollout and reward workers retried making them."""
+    out = {"generate_s": max((b.seconds for b in batches), default=0.0),
+           "reward_s": max((r.seconds for r in results), default=0.0)}
+    retries = sum(b.retries for b in batches) + sum(r.retries for r in results)
+    return {**out, "retries": float(retries)} if retries else out
 
 
 def read_step(shards: list[RolloutBatch], results: list[RewardResult], keep_groups: list[int] | None) -> StepRows:

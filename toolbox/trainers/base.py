@@ -22,7 +22,7 @@ import torch
 
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import Event, EventBus
-from toolbox.core.retry import retry_counts
+from toolbox.core.retry import take_retries
 from toolbox.rl.roles import CheckpointRole, StatefulRole
 from toolbox.trainers import checkpoints
 from toolbox.trainers.watch import MetricWatch, keep_best
@@ -44,7 +44,8 @@ class BaseTrainer(ABC):
         self.early_stop = MetricWatch(cfg.early_stop, "trainer.early_stop") if cfg.early_stop else None
         self.best = MetricWatch(cfg.keep_best, "trainer.keep_best") if cfg.keep_best else None
         self.best_saved: float | None = None  # the watched value at the current best checkpoint
-        self.retries_before = sum(retry_counts().values())  # the process's retries before this run (toolbox.core.retry)
+        take_retries()  # this process's retries before this run are not its own (toolbox.core.retry)
+        self.retries = 0.0  # retried calls of every role so far
 
     # ---- the skeleton -------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -75,9 +76,11 @@ class BaseTrainer(ABC):
         metrics = self.train_step(self.step)
         self.step += 1
         metrics["step_time_s"] = time.perf_counter() - t0
-        retries = sum(retry_counts().values()) - self.retries_before  # this run's retried remote calls so far
+        # the step's retried calls: the workers' (carried by their batches and scores) and this process's own
+        retries = metrics.pop("retries", 0.0) + take_retries()
         if retries:
-            metrics["retries"] = float(retries)
+            metrics["retries"] = retries
+            self.retries += retries
         if target is not None:
             log.info("profile of step %d: %s", self.step, ", ".join(target[0].profile(None)))
         self.history.append(metrics)
@@ -148,6 +151,9 @@ class BaseTrainer(ABC):
         if self.latest_eval is not None:  # the latest evaluation (the final one, with trainer.final_eval)
             summary["eval_step"] = self.latest_eval[0]
             summary.update({f"eval/{k}": v for k, v in self.latest_eval[1].items()})
+        self.retries += take_retries()  # the last step's checkpoint publish, after its metrics were reported
+        if self.retries:
+            summary["retries"] = self.retries
         summary["train_wall_time_s"] = round(wall_s, 1)
         summary["last_checkpoint"] = self.last_checkpoint
         return summary
