@@ -1,7 +1,7 @@
 """MkDocs hook (``hooks:`` in mkdocs.yml): pages that cannot go stale, filled in from the code at build time.
 
 - ``<!-- config-fields: NAME -->`` becomes the table of algorithm NAME's config fields (its pydantic model,
-  through `toolbox.commands.cli.config_rows`, the function that writes docs/configuration.md).
+  through `toolbox.commands.reference.config_rows`, the function that writes docs/configuration.md).
 - ``<!-- error-catalog -->`` becomes every error message the code raises with a message of its own: toolbox's
   errors (``ConfigError``, ``WorkerError``, ``RowError``, ``RegistryError``), the command line's ``SystemExit``
   messages, and the built-in exceptions a library call raises to its caller (``ValueError``, ``RuntimeError``,
@@ -35,7 +35,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
 
 def algorithm_fields(name: str) -> str:
     from toolbox.algorithms import ALGORITHMS
-    from toolbox.commands.cli import _table, config_rows
+    from toolbox.commands.reference import _table, config_rows
 
     rows = [(f"`algorithm.{p}`", t, f"`{d}`" if d else "", desc)
             for p, t, d, desc in config_rows(ALGORITHMS.spec_model(name)) if p != "name"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from toolbox.commands import cli
+from toolbox.commands import cli, reference
 from toolbox.config import load_config
 from toolbox.core.paths import CONFIG_DIR
 
@@ -95,7 +95,7 @@ def test_tune_help_comes_from_its_docstring(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_docs_writes_only_into_a_source_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "DOCS", tmp_path / "site-packages" / "docs")  # where an installed wheel points
+    monkeypatch.setattr(reference, "DOCS", tmp_path / "site-packages" / "docs")  # where an installed wheel points
     assert cli.main(["docs"]) == 2
     assert not (tmp_path / "site-packages").exists()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolbox.commands.cli import DOCS, components_markdown, config_rows, configuration_markdown
+from toolbox.commands.reference import DOCS, components_markdown, config_rows, configuration_markdown
 from toolbox.config import ExperimentConfig
 
 

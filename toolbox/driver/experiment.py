@@ -255,5 +255,3 @@ def join_process_group(group: Any, timeout_s: float) -> None:
     group.each(LearnerWorker.setup, addr, port, timeout_s).result()
 
 
-
-

@@ -17,19 +17,9 @@ from toolbox.config.schema import ExperimentConfig
 from toolbox.driver.model_shape import ModelShape
 
 PROMPT_TOKENS = 256  # assumed prompt length of online algorithms (the prompts are not read in a dry run)
-
-
-
 ADAM_STATES = 2  # AdamW keeps exp_avg and exp_avg_sq, each the size and dtype of the parameter
-
-
-
 GiB = 1024**3
-
-
-
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
 
 
 @dataclass(frozen=True)
@@ -38,7 +28,6 @@ class MemoryLine:
     bytes: float
     where: str  # the rank's device (cpu / cuda), or "host (offload)"
     how: str
-
 
 
 def memory_lines(cfg: ExperimentConfig, shape: ModelShape) -> list[MemoryLine]:
@@ -78,7 +67,6 @@ def memory_lines(cfg: ExperimentConfig, shape: ModelShape) -> list[MemoryLine]:
     return lines
 
 
-
 def root_group_line(shape: ModelShape, compute_b: int, bf16: bool, device: str) -> MemoryLine:
     """FSDP2's root group (embeddings, final norm, LM head) on a trained model: gathered for the forward and kept
     so until the backward ends, when its full gradients (in the compute dtype, plus an fp32 copy for the
@@ -88,12 +76,10 @@ def root_group_line(shape: ModelShape, compute_b: int, bf16: bool, device: str) 
     return MemoryLine("root group (embeddings, LM head)", shape.root_params * per_param, device, how)
 
 
-
 def rank_device(cfg: ExperimentConfig) -> str:
     """Where a learner rank computes: ``learner.device``, or for auto cuda exactly when Ray gives it a GPU."""
     device = getattr(cfg.learner, "device", "auto")
     return device if device != "auto" else ("cuda" if cfg.learner.gpus_per_worker > 0 else "cpu")
-
 
 
 def sequence_length(cfg: ExperimentConfig, shape: ModelShape) -> tuple[int, str]:
@@ -107,7 +93,6 @@ def sequence_length(cfg: ExperimentConfig, shape: ModelShape) -> tuple[int, str]
     if shape.max_positions and total > shape.max_positions:
         return shape.max_positions, f"model max positions {shape.max_positions}"
     return total, f"prompt ~{PROMPT_TOKENS} + max_new_tokens {new}"
-
 
 
 def activation_line(cfg: ExperimentConfig, shape: ModelShape, act_b: int) -> MemoryLine:
@@ -130,7 +115,6 @@ def activation_line(cfg: ExperimentConfig, shape: ModelShape, act_b: int) -> Mem
     return MemoryLine("activations (one micro-batch)", blocks + logits, rank_device(cfg),
                       f"{rows} rows x {seq} tokens ({why}), {how} ({shape.attention} attention), "
                       f"logits {rows}x{scored}x{shape.vocab} fp32 x 4")
-
 
 
 def block_activation_bytes(shape: ModelShape, seq: int, c: int) -> float:

@@ -40,7 +40,6 @@ class ModelShape:
         return (self.kv_heads or self.heads) * (self.head_dim or self.hidden // self.heads)
 
 
-
 def model_shape(cfg: ExperimentConfig) -> ModelShape:
     """The policy's sizes from its config alone: the tiny model's, or ``AutoConfig.from_pretrained(model.path)``."""
     import torch
@@ -74,7 +73,6 @@ def model_shape(cfg: ExperimentConfig) -> ModelShape:
     )
 
 
-
 def _lora_params(model: Any, lora: Any) -> int:
     """The adapters' parameters: ``r x (in + out)`` for each linear layer ``lora.target_modules`` names (all of
     them in the blocks for 'all-linear')."""
@@ -86,7 +84,6 @@ def _lora_params(model: Any, lora: Any) -> int:
     return sum(lora.r * (m.in_features + m.out_features) for name, m in model.named_modules()
                if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings()
                and (targets == "all-linear" or name.rsplit(".", 1)[-1] in targets))
-
 
 
 def _real_model_config(cfg: ExperimentConfig) -> tuple[Any, str]:

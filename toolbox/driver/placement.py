@@ -16,11 +16,9 @@ def role_size(cfg: ExperimentConfig, role: str) -> tuple[int, float, float]:
     return section.num_workers, section.cpus_per_worker, getattr(section, "gpus_per_worker", 0.0)
 
 
-
 def trial_bundles(cfg: ExperimentConfig, driver_cpus: float = 0.01) -> list[dict[str, float]]:
     """Placement-group bundles for one whole experiment: the driver's, then every role's workers."""
     return [{"CPU": driver_cpus}, *(bundle for _, bundle in role_bundles(cfg))]
-
 
 
 def role_bundles(cfg: ExperimentConfig) -> list[tuple[str, dict[str, float]]]:
@@ -32,7 +30,6 @@ def role_bundles(cfg: ExperimentConfig) -> list[tuple[str, dict[str, float]]]:
         custom = cfg.ray.placement.get(role, RolePlacement()).resources
         out += [(role, {"CPU": cpus, **({"GPU": gpus} if gpus else {}), **custom})] * n
     return out
-
 
 
 def reserve_colocated(cfg: ExperimentConfig) -> Any:

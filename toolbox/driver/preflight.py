@@ -38,7 +38,6 @@ def make_run_dir(cfg: ExperimentConfig) -> Path:
     return run_dir
 
 
-
 def resolve_model_path(cfg: ExperimentConfig, run_root: Path) -> str:
     """The directory or hub id to load. A tiny model is built (once, deterministically) when asked for; a catalog
     name is its fetched directory and a ``model.gguf_file`` its converted one (`toolbox.models.catalog`)."""
@@ -53,7 +52,6 @@ def resolve_model_path(cfg: ExperimentConfig, run_root: Path) -> str:
     return with_cold_start(cfg, str(ensure_tiny_model(path, model.tiny, task.alphabet(), model.name)), run_root)
 
 
-
 def with_cold_start(cfg: ExperimentConfig, base: str, run_root: Path) -> str:
     """``base``, or with ``model.cold_start`` the policy its supervised run exports from it (`toolbox.driver.cold_start`)."""
     if cfg.model.cold_start is None:
@@ -61,7 +59,6 @@ def with_cold_start(cfg: ExperimentConfig, base: str, run_root: Path) -> str:
     from toolbox.driver.cold_start import cold_start
 
     return cold_start(cfg, base, run_root)
-
 
 
 def check_model_path(path: str, trust_remote_code: bool = False) -> None:
@@ -73,7 +70,6 @@ def check_model_path(path: str, trust_remote_code: bool = False) -> None:
     except (OSError, ValueError) as err:
         raise ConfigError(f"model.path: cannot load a model config from {path!r} (a local directory with "
                           f"config.json, or a hub id): {str(err).splitlines()[0]}") from None
-
 
 
 def check_specs(cfg: ExperimentConfig) -> None:
@@ -94,14 +90,12 @@ def check_specs(cfg: ExperimentConfig) -> None:
         check_training(probe=True)
 
 
-
 def find_resume(target: str) -> str:
     """A run directory: its newest complete checkpoint (never a partial one); anything else: itself."""
     if not target:
         return ""
     latest = latest_checkpoint(Path(target))
     return str(latest if latest else target)
-
 
 
 def check_run_root_shared(trainer: TrainerConfig, nodes: int) -> None:

@@ -21,7 +21,6 @@ def live_nodes() -> int:
     return sum(1 for node in ray.nodes() if node.get("Alive"))
 
 
-
 def ray_init_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
     """Connect to ``ray.address`` / RAY_ADDRESS (a cluster, or ray job submit) or start a new local instance.
 
@@ -39,10 +38,8 @@ def ray_init_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
     return kwargs
 
 
-
 # Ray's own knob for how many times (about one a second) a driver tries to reach the GCS before giving up.
 GCS_ATTEMPTS_ENV = "RAY_gcs_server_port_wait_time_s"
-
 
 
 def connect_ray(cfg: ExperimentConfig, **overrides: Any) -> None:
@@ -77,7 +74,6 @@ def connect_ray(cfg: ExperimentConfig, **overrides: Any) -> None:
             os.environ.pop(GCS_ATTEMPTS_ENV, None)
 
 
-
 def unreachable(address: str, timeout_s: float) -> str:
     """Why nothing accepts a TCP connection at ``address`` (``host:port``, ``ray://host:port`` or ``auto``) within
     ``timeout_s``, retrying twice a second (a head may be starting); empty when something does."""
@@ -94,7 +90,6 @@ def unreachable(address: str, timeout_s: float) -> str:
         if time.monotonic() + 0.5 >= deadline:
             return problem
         time.sleep(0.5)
-
 
 
 def _host_port(address: str) -> tuple[str, int, str]:

@@ -33,7 +33,6 @@ class SchedulerConfig(BaseModel):
     max_t: int = Field(0, ge=0, description="ASHA: the most steps a trial runs (0: the experiment's trainer.total_steps).")
 
 
-
 class SearchConfig(BaseModel):
     """How Tune picks the parameters of the next trial."""
 
@@ -41,7 +40,6 @@ class SearchConfig(BaseModel):
     name: Literal["basic", "optuna"] = Field("basic", description="basic: grid and random variants; optuna: "
                                              "Optuna's TPE sampler (choice/uniform/loguniform only; pip install optuna).")
     seed: int | None = Field(None, description="Seed of the optuna sampler (None: random).")
-
 
 
 class SweepConfig(BaseModel):
@@ -58,7 +56,6 @@ class SweepConfig(BaseModel):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig, description="Early stopping (fifo or asha).")
     search: SearchConfig = Field(default_factory=SearchConfig, description="Search algorithm (basic or optuna).")
     keep_checkpoints: int = Field(2, ge=1, description="Tune checkpoints kept per trial (the newest).")
-
 
 
 @dataclass
@@ -78,7 +75,6 @@ class SweepJob:
                 f"trainer.run_root={self.out / 'runs'}"]
 
 
-
 def sweep_configs(sweep: SweepConfig, extra: list[str]) -> Iterator[ExperimentConfig]:
     """The base config, then one per listed value of each parameter (bounds of uniform ranges included)."""
     base = [f"experiment={sweep.experiment}", *sweep.overrides, *extra]
@@ -86,7 +82,6 @@ def sweep_configs(sweep: SweepConfig, extra: list[str]) -> Iterator[ExperimentCo
     for key, spec in sweep.param_space.items():
         for value in next(iter(spec.values())):
             yield load_config([*base, f"{key}={value}"])
-
 
 
 def load_sweep(args: list[str]) -> tuple[str, SweepConfig, list[str]]:
@@ -114,7 +109,6 @@ def load_sweep(args: list[str]) -> tuple[str, SweepConfig, list[str]]:
         raise ConfigError(f"{path}: scheduler.grace_period={sweep.scheduler.grace_period} is more than the "
                           f"{sweep.scheduler.max_t or total_steps} steps a trial runs")
     return name, sweep, extra
-
 
 
 def prepare(args: list[str]) -> SweepJob:

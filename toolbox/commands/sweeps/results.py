@@ -18,13 +18,11 @@ from toolbox.core.paths import experiment_path
 PLACE_KEYS = ("trainer.run_root=", "trainer.run_name=", "trainer.resume_from=", "trainer.shared_fs=")
 
 
-
 def nested(key: str, value: Any) -> dict[str, Any]:
     """``("a.b", 1)`` -> ``{"a": {"b": 1}}``."""
     for part in reversed(key.split(".")):
         value = {part: value}
     return value
-
 
 
 def best_experiment(job: SweepJob, params: dict[str, Any]) -> dict[str, Any]:
@@ -38,14 +36,12 @@ def best_experiment(job: SweepJob, params: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-
 def write_best(job: SweepJob, params: dict[str, Any], score: float) -> Path:
     path = job.out / "best.yaml"
     header = (f"# The best trial of sweep {job.name} ({job.sweep.metric}, mean of the last 10% of steps: {score:.4g}).\n"
               f"# Run it: toolbox run experiment={path}\n")
     path.write_text(header + yaml.safe_dump(best_experiment(job, params), sort_keys=False))
     return path
-
 
 
 def plot_trials(results: Any, metric: str, keys: list[str], path: Path) -> None:
@@ -73,7 +69,6 @@ def plot_trials(results: Any, metric: str, keys: list[str], path: Path) -> None:
     plt.close(fig)
 
 
-
 def interrupted(job: SweepJob) -> bool:
     """Whether Tune stopped before every trial of the space ended (Tune's statuses cannot tell: it marks the
     trials it stops on an interrupt TERMINATED, as it does the finished ones)."""
@@ -82,7 +77,6 @@ def interrupted(job: SweepJob) -> bool:
     sweep = job.sweep
     grids = [len(values) for spec in sweep.param_space.values() for kind, values in spec.items() if kind == "grid"]
     return len(TrialsEnded(job.out / "ended.json").ended()) < sweep.num_samples * math.prod(grids)
-
 
 
 def write_results(job: SweepJob, results: Any, console: Any) -> None:

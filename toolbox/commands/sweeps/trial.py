@@ -13,10 +13,8 @@ from toolbox.config.loader import load_config
 SCORE = "score"
 
 
-
 def trial_args(base: list[str], params: dict[str, Any]) -> list[str]:
     return [*base, *(f"{k}={v}" for k, v in params.items())]
-
 
 
 def trial_resources(base: list[str], params: dict[str, Any]) -> Any:
@@ -27,7 +25,6 @@ def trial_resources(base: list[str], params: dict[str, Any]) -> Any:
 
     cfg = load_config(trial_args(base, params))
     return PlacementGroupFactory([{"CPU": 0.01}] if cfg.ray.local_mode else trial_bundles(cfg))
-
 
 
 class TrialReporter:
@@ -63,7 +60,6 @@ class TrialReporter:
             tune.report(metrics)
 
 
-
 def run_trial(params: dict[str, Any], base: list[str], metric: str) -> None:
     """One trial: the whole experiment in ``runs/<trial name>``, every step's metrics reported to Tune;
     a restored trial continues from the checkpoint Tune hands it."""
@@ -90,7 +86,6 @@ def run_trial(params: dict[str, Any], base: list[str], metric: str) -> None:
             reporter.flush()
         finally:
             builder.shutdown()
-
 
 
 def toolbox_trainable(base: list[str], metric: str = "reward") -> Any:
