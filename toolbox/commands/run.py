@@ -86,11 +86,9 @@ def run(cfg, console: Console, clock: StartupClock | None = None,  # noqa: ANN00
         early: EarlyRay | None = None) -> int:
     """``clock``: marks the start-up phases (`toolbox.driver.startup`); they are printed with the results. ``early``: the
     local instance `main` started before the config was loaded, used if the config asks for that one."""
-    import ray
-
     from toolbox import engines, rewards  # noqa: F401  (register built-ins)
     from toolbox.driver.experiment import ExperimentBuilder
-    from toolbox.driver.ray_connect import connect_ray, ray_init_kwargs
+    from toolbox.driver.ray_connect import ray_init_kwargs
 
     started = time.perf_counter()
     try:
@@ -100,24 +98,10 @@ def run(cfg, console: Console, clock: StartupClock | None = None,  # noqa: ANN00
     console.print(f"run directory: [bold]{builder.run_dir}[/]")
     builder.clock = clock
     builder.mark("config")
-    started_ray = False
-    stop, watchdog = SignalStop(), None  # SIGTERM/SIGINT unwind the run: Ray shut down, exit 128 + signal
-    if not cfg.ray.local_mode and (early is not None or not ray.is_initialized()):
-        # The watchdog ends what a SIGKILL of this process would leave of a local instance.
-        watchdog = early.watchdog if early is not None else start_watchdog()
-        warming = builder.warm_up()  # the driver's own loading, while Ray's processes start
-        try:
-            if early is None or not early.take(ray_init_kwargs(cfg)):
-                connect_ray(cfg)  # bounded by ray.connect_timeout_s; no address: a new local instance
-        except ConfigError as err:
-            console.print(f"[bold red]config error[/]: {escape(str(err))}")
-            return stop.end(watchdog, 2)
-        except KeyboardInterrupt:
-            return stop.end(watchdog, stop.report(console, builder.run_dir))
-        started_ray = True
-        stop.install()
-        warming.join()
-        builder.mark("ray_init")
+    stop = SignalStop()  # SIGTERM/SIGINT unwind the run: Ray shut down, exit 128 + signal
+    started_ray, watchdog, code = start_ray(cfg, builder, console, stop, early)
+    if code is not None:
+        return code
     CurvePlot.background = True  # the dashboard is drawn while Ray shuts down (`wait_for_plots` below)
     # A local instance's daemons and workers are this process's descendants: its peak counts them all.
     memory = RunMemory(whole_run=started_ray and str(ray_init_kwargs(cfg)["address"]) == "local").start()
@@ -147,6 +131,34 @@ def run(cfg, console: Console, clock: StartupClock | None = None,  # noqa: ANN00
         wait_for_plots()
         CurvePlot.background = False
         stop.end(watchdog, 0)
+
+
+def start_ray(cfg, builder: Any, console: Console, stop: SignalStop,  # noqa: ANN001 - ExperimentConfig, lazily
+              early: EarlyRay | None) -> tuple[bool, subprocess.Popen[bytes] | None, int | None]:
+    """Connect to Ray, or start a local instance, unless the run is in local mode or Ray is already up; the driver's
+    own loading runs meanwhile (`ExperimentBuilder.warm_up`). Returns whether this call started Ray, the watchdog
+    (it ends what a SIGKILL of this process would leave of a local instance), and an exit code when Ray could not
+    be reached or a signal came first (then nothing is left running)."""
+    import ray
+
+    from toolbox.driver.ray_connect import connect_ray, ray_init_kwargs
+
+    if cfg.ray.local_mode or (early is None and ray.is_initialized()):
+        return False, None, None
+    watchdog = early.watchdog if early is not None else start_watchdog()
+    warming = builder.warm_up()  # the driver's own loading, while Ray's processes start
+    try:
+        if early is None or not early.take(ray_init_kwargs(cfg)):
+            connect_ray(cfg)  # bounded by ray.connect_timeout_s; no address: a new local instance
+    except ConfigError as err:
+        console.print(f"[bold red]config error[/]: {escape(str(err))}")
+        return False, watchdog, stop.end(watchdog, 2)
+    except KeyboardInterrupt:
+        return False, watchdog, stop.end(watchdog, stop.report(console, builder.run_dir))
+    stop.install()
+    warming.join()
+    builder.mark("ray_init")
+    return True, watchdog, None
 
 
 class SignalStop:
