@@ -120,25 +120,33 @@ class LearnerWorker:
         self._on_device()
         metrics = self._policy_learner().update(plan, dict(zip(mine, fetched)))
         seconds = time.perf_counter() - start
-        return {**metrics, "train_s": seconds, "peak_mem_gb": peak_memory_gb(self.device), **self._mfu(plan, seconds)}
+        return {**metrics, "train_s": seconds, "peak_mem_gb": peak_memory_gb(self.device),
+                **self._mfu(plan.metrics, seconds)}
 
-    def _mfu(self, plan: StepPlan, seconds: float) -> dict[str, float]:
-        """``mfu``: the step's model FLOPs over what ``world_size`` devices could do in this rank's time
-        (`toolbox.learner.throughput`); nothing without a peak FLOPs figure for this device."""
+    def _mfu(self, counts: dict[str, float], seconds: float) -> dict[str, float]:
+        """``mfu``: the model FLOPs of the step's ``train_tokens`` (sequences ``train_seq_len`` long) over what
+        ``world_size`` devices could do in this rank's time (`toolbox.learner.throughput`); nothing without a peak
+        FLOPs figure for this device."""
+        tokens = counts.get("train_tokens", 0.0)
+        if not tokens or seconds <= 0:
+            return {}
         policy = self._learner.policy
         peak = peak_flops(self.device, policy.cfg.peak_tflops)
-        tokens = plan.metrics.get("train_tokens", 0.0)
-        if peak is None or not tokens or seconds <= 0:
+        if peak is None:
             return {}
         if self.dims is None:
             self.dims = model_dims(policy.model)
-        flops = train_flops(self.dims, tokens, plan.metrics.get("train_seq_len", 0.0))
+        flops = train_flops(self.dims, tokens, counts.get("train_seq_len", 0.0))
         return {"mfu": flops / (seconds * peak * self.world_size)}
 
     def update_offline(self, step: int) -> dict[str, float]:
-        """Offline step ``step``: every rank builds its share of the global batch from the step index."""
+        """Offline step ``step``: every rank builds its share of the global batch from the step index; adds
+        ``train_s`` (this rank's time) and ``mfu``."""
         self._on_device()
-        return self._offline_learner().update(step)
+        start = time.perf_counter()
+        metrics = self._offline_learner().update(step)
+        seconds = time.perf_counter() - start
+        return {**metrics, "train_s": seconds, **self._mfu(metrics, seconds)}
 
     def update_env(self, batch_refs: list[ray.ObjectRef]) -> dict[str, float]:
         """Env step: PPO epochs on this rank's slice of every env runner's trajectories (fetched here)."""

@@ -51,3 +51,17 @@ def test_a_grpo_run_reports_throughput_and_mfu(tmp_path: Path) -> None:
         assert 0 < m["mfu"] < 1e3
     assert summary["mean_mfu"] == pytest.approx(sum(m["mfu"] for m in trainer.history[1:]) / 2)
     assert "mean_learner_tokens_per_s" in summary and "mean_rollout_tokens_per_s" in summary
+
+
+@pytest.mark.parametrize("experiment", ["sft_tiny", "dpo_tiny"])
+def test_an_offline_run_reports_its_learners_throughput_and_mfu(experiment: str, tmp_path: Path) -> None:
+    args = [f"experiment={experiment}", "ray.local_mode=true", "callbacks=[]", "trainer.eval_every=0",
+            "trainer.final_eval=false", f"trainer.run_root={tmp_path}", "trainer.total_steps=2",
+            "learner.strategy=single", "learner.num_workers=1", "learner.peak_tflops=0.001"]
+    trainer = ExperimentBuilder(load_config(args)).build_trainer()
+    summary = trainer.fit()
+    for m in trainer.history:
+        assert m["train_tokens"] > 0 and 0 < m["train_seq_len"] <= m["train_tokens"]
+        assert m["learner_tokens_per_s"] == pytest.approx(m["train_tokens"] / m["train_s"])
+        assert 0 < m["mfu"] < 1e3
+    assert summary["mean_mfu"] == pytest.approx(trainer.history[1]["mfu"])

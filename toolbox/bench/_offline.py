@@ -178,7 +178,7 @@ def run_learner(learner: Any, args: argparse.Namespace) -> Timing:
     """Our side: ``learner.update(step)`` for every step, timed, with the input tokens it reports."""
     ends, tokens = [], []
     for step in range(args.warmup + args.steps):
-        tokens.append(learner.update(step)["input_tokens"])
+        tokens.append(learner.update(step)["train_tokens"])
         ends.append(time.perf_counter())
     return Timing(ends, tokens, args.batch_size)
 

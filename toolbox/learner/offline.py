@@ -71,4 +71,6 @@ class OfflineLearner:
 
     @abstractmethod
     def accumulate(self, records: list[Record], backward: bool) -> dict[str, float]:
-        """Loss (and, with ``backward``, gradients) of this rank's ``records``, normalised by global counts."""
+        """Loss (and, with ``backward``, gradients) of this rank's ``records``, normalised by global counts; with
+        ``train_tokens`` (tokens through the model, all ranks) and ``train_seq_len`` (their mean sequence length),
+        the counts of the step's throughput and MFU (`toolbox.learner.throughput`)."""

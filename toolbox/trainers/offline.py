@@ -13,6 +13,7 @@ from typing import Any
 
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import EventBus
+from toolbox.learner.throughput import step_rates
 from toolbox.rl.roles import CheckpointRole, OfflineLearnerRole
 from toolbox.trainers.base import BaseTrainer
 
@@ -30,7 +31,9 @@ class OfflineTrainer(BaseTrainer):
         return self.resume(self.learner.load)
 
     def train_step(self, step: int) -> dict[str, float]:
-        return self.learner.update(step)
+        """One update; with ``learner_tokens_per_s`` from the step's ``train_tokens`` and ``train_s``."""
+        metrics = self.learner.update(step)
+        return {**metrics, **step_rates(metrics)}
 
     def evaluate(self) -> dict[str, float]:
         return self.learner.evaluate()

@@ -70,9 +70,10 @@ class DPOLearner(OfflineLearner):
                 sums[key] += float(per_pair.sum()) / max(share, 1e-9)
             sums["loss"] += float(value.detach())
         keys = sorted(sums)
-        reduced = global_sum([*(sums[k] for k in keys), float(sum(len(c) + len(r) for c, r in pairs))])
+        reduced = global_sum([*(sums[k] for k in keys), float(sum(len(c) + len(r) for c, r in pairs)),
+                              2.0 * len(pairs)])
         metrics = {k: v / self.world for k, v in zip(keys, reduced)}
-        metrics["input_tokens"] = reduced[-1]
+        metrics["train_tokens"], metrics["train_seq_len"] = reduced[-2], reduced[-2] / max(reduced[-1], 1.0)
         return {**metrics, **self.policy.router.metrics()}
 
     def _pair_terms(self, batch: TokenBatch, m: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -69,7 +69,8 @@ class SFTLearner(OfflineLearner):
         real = float((batch.doc_ids_BT > 0).sum())
         loss_all, real_all, slots_all = global_sum([loss, real, float(batch.doc_ids_BT.numel())])
         return {"loss": loss_all / self.world, "tokens": tokens_all, "documents": docs_all,
-                "input_tokens": real_all, "fill": real_all / max(slots_all, 1.0), **self.policy.router.metrics()}
+                "train_tokens": real_all, "train_seq_len": real_all / max(docs_all, 1.0),
+                "fill": real_all / max(slots_all, 1.0), **self.policy.router.metrics()}
 
     def _part_loss(self, part: TokenBatch, norm: float) -> torch.Tensor:
         """One micro-batch's share of the supervised loss."""
