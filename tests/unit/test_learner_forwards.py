@@ -19,7 +19,8 @@ from toolbox.algorithms.grpo.learner import GRPOLearner
 from toolbox.algorithms.ppo.config import PPOConfig
 from toolbox.algorithms.ppo.learner import PPOLearner
 from toolbox.learner.config import LearnerConfig
-from toolbox.learner.packed import RowForwards, balanced_shares, pack_rows
+from toolbox.learner.packed import RowForwards, balanced_shares
+from toolbox.learner.row_packing import pack_rows
 from toolbox.models.logprobs import token_logprobs
 from toolbox.rewards.base import RewardResult
 from toolbox.rl.batch import RolloutBatch
