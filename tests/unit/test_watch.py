@@ -91,6 +91,11 @@ def test_a_metric_the_run_does_not_have_is_named_with_those_it_has(tmp_path: Pat
         Scripted(cfg, tmp_path, [1.0, 1.0], []).fit()
 
 
+def test_profile_steps_outside_the_run_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"trainer.profile_steps=\[0, 3\]: \[0\] outside the run's steps 1..3 "):
+        load_config(["trainer.total_steps=3", "trainer.profile_steps=[0,3]"])
+
+
 def test_an_eval_metric_needs_evaluations() -> None:
     with pytest.raises(ConfigError, match=r"trainer.keep_best.metric='eval/reward' is an evaluation's metric and "
                                           r"trainer.eval_every is 0"):
@@ -105,7 +110,8 @@ def test_a_profiled_step_leaves_a_trace_per_learner_rank(tmp_path: Path) -> None
             "trainer.total_steps=3", "trainer.profile_steps=[2]", "trainer.final_eval=false"]
     ExperimentBuilder(load_config(args)).build_trainer().fit()
     assert [p.name for p in (tmp_path / "p" / "profile").iterdir()] == ["step_2"]
-    trace = json.loads((tmp_path / "p" / "profile" / "step_2" / "rank_0.json").read_text())
+    # named as torch's tensorboard_trace_handler names traces: TensorBoard's profiler plugin lists *.pt.trace.json
+    trace = json.loads((tmp_path / "p" / "profile" / "step_2" / "rank_0.pt.trace.json").read_text())
     names = {e.get("name", "") for e in trace["traceEvents"]}
     assert any(n.startswith("aten::") for n in names)  # the rank's torch operators were recorded
     assert "Optimizer.step#AdamW.step" in names

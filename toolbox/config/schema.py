@@ -164,8 +164,9 @@ class TrainerConfig(BaseModel):
     early_stop: EarlyStopConfig | None = Field(None, description="Stop when a metric stops improving: {metric: "
                                                "eval/reward, patience: 3}. Unset: run total_steps.")
     profile_steps: list[int] = Field(default_factory=list, description="Training steps (1 = the first) to record "
-                                     "with torch.profiler on every learner rank: RUN_DIR/profile/step_N/rank_R.json, "
-                                     "Chrome traces that Perfetto and TensorBoard open.")
+                                     "with torch.profiler on every learner rank: RUN_DIR/profile/step_N/rank_R.pt.trace"
+                                     ".json, Chrome traces that Perfetto opens and TensorBoard's profiler plugin lists "
+                                     "(tensorboard --logdir RUN_DIR/profile).")
     keep_best: WatchConfig | None = Field(None, description="Keep the checkpoint saved at the best value of a metric "
                                           "in RUN_DIR/checkpoints/best (beside the newest keep_checkpoints): "
                                           "{metric: eval/reward}.")
@@ -200,6 +201,11 @@ class TrainerConfig(BaseModel):
             if watch is not None and watch.metric.startswith("eval/") and not self.eval_every:
                 raise ConfigError(f"trainer.{name}.metric={watch.metric!r} is an evaluation's metric and "
                                   "trainer.eval_every is 0 (set eval_every, or watch a step metric)")
+        outside = [step for step in self.profile_steps if not 1 <= step <= self.total_steps]
+        if outside:
+            raise ConfigError(f"trainer.profile_steps={self.profile_steps}: {outside} outside the run's steps "
+                              f"1..{self.total_steps} (trainer.total_steps; 1 is the first step), so nothing would "
+                              "be recorded there")
         return self
 
     @field_validator("run_root", "resume_from")

@@ -1,7 +1,9 @@
 """``trainer.profile_steps``: a ``torch.profiler`` trace of a learner rank over chosen training steps.
 
-Each rank writes ``RUN_DIR/profile/step_N/rank_R.json``, a Chrome trace that Perfetto (ui.perfetto.dev) and
-``chrome://tracing`` open, and TensorBoard's profiler plugin reads. It records the rank's torch operators on the
+Each rank writes ``RUN_DIR/profile/step_N/rank_R.pt.trace.json``, a Chrome trace that Perfetto (ui.perfetto.dev)
+and ``chrome://tracing`` open; the ``.pt.trace.json`` ending is what TensorBoard's profiler plugin
+(torch-tb-profiler) looks for, so ``tensorboard --logdir RUN_DIR/profile`` lists each step as a run and each rank
+as a worker. It records the rank's torch operators on the
 CPU (and CUDA kernels where the rank has a GPU), their input shapes and memory. Not covered: the driver and
 the rollout workers (the driver's own split of a step is in the step metrics).
 """
@@ -28,7 +30,7 @@ class RankProfiler:
         if self.active is not None:
             raise RuntimeError(f"learner rank {self.rank}: a profile is already being recorded")
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        self.out = Path(directory) / f"rank_{self.rank}.json"
+        self.out = Path(directory) / f"rank_{self.rank}.pt.trace.json"
         self.active = profile(activities=activities, record_shapes=True, profile_memory=True)
         self.active.__enter__()
 
