@@ -29,8 +29,9 @@ import torch
 from toolbox.engines import http as http_mod
 from toolbox.engines import sglang as sglang_mod
 from toolbox.engines import vllm as vllm_mod
+from toolbox.engines import vllm_ipc
 from toolbox.engines.base import ENGINES, SamplingConfig
-from toolbox.engines.common import request_seeds, tensor_bytes
+from toolbox.engines.common import request_seeds, tensor_bytes, wire_dtype
 from toolbox.engines.nccl_sync import SGLANG_GROUP, NcclWeightSender, plan_group, weight_manifest
 from toolbox.models.tiny import build_char_tokenizer
 from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest
@@ -180,7 +181,7 @@ class FakeIPC:
                          ("ipc_collect", lambda: None),
                          ("get_device_properties", lambda d: types.SimpleNamespace(uuid=self.UUID))):
             monkeypatch.setattr(torch.cuda, name, fn)
-        monkeypatch.setattr(vllm_mod, "_gpu_copy", lambda t, d, dtype: t.to(vllm_mod.wire_dtype(t, dtype), copy=True))
+        monkeypatch.setattr(vllm_ipc, "_gpu_copy", lambda t, d, dtype: t.to(wire_dtype(t, dtype), copy=True))
         monkeypatch.setattr(reductions, "reduce_tensor", self.reduce)
 
     def reduce(self, t: torch.Tensor) -> tuple:

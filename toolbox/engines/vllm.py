@@ -38,84 +38,27 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
-from pydantic import ConfigDict, Field
 
-from toolbox.core.errors import ConfigError
 from toolbox.engines.base import ENGINES, SamplingConfig
 from toolbox.engines.common import (
-    ParallelEngineOptions,
     Sample,
     batch_from_samples,
     call_rng,
     finish_code,
     request_seeds,
     tensor_bytes,
-    wire_dtype,
 )
 from toolbox.engines.nccl_sync import update_info
+from toolbox.engines.vllm_config import VLLMEngineConfig
+from toolbox.engines.vllm_ipc import ipc_update_info, share_on_gpus
 from toolbox.learner.lora import LoraConfig, adapter_update, write_adapter_dir
 from toolbox.models.loading import load_tokenizer
 from toolbox.rl.batch import PromptRequest, RolloutBatch
 from toolbox.rl.weights import TensorSpec, WeightBucket, unpack_bucket
 
 log = logging.getLogger(__name__)
-VLLM_DEFAULT_MAX_LORA_RANK = 16  # vLLM's LoRAConfig.max_lora_rank default
 WeightTransfer = Literal["ipc", "nccl"]
 SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's level-1 sleep frees, in the order a weight load wakes them
-# vllm.LLM arguments the engine passes itself, and where each is set instead of engine_kwargs.
-RESERVED = {"model": "model.path", "dtype": "rollout.dtype", "seed": "trainer.seed",
-            "trust_remote_code": "model.trust_remote_code", "weight_transfer_config": "rollout.placement (toolbox picks "
-            "the backend)", "data_parallel_size": "rollout.num_workers (one engine per rollout worker)",
-            **{k: f"rollout.engine.{k}" for k in ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
-                                                  "enforce_eager", "enable_sleep_mode", "logprobs_mode")}}
-
-
-class VLLMEngineConfig(ParallelEngineOptions):
-    """Options of the ``vllm`` engine (passed to ``vllm.LLM``)."""
-
-    model_config = ConfigDict(extra="forbid")
-    RESERVED, CALLEE, TP_FIELD, PP_KEY = RESERVED, "vllm.LLM", "tensor_parallel_size", "pipeline_parallel_size"
-    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs one engine shards the model over.")
-    gpu_memory_utilization: float = Field(
-        default=0.5,
-        gt=0.0,
-        le=1.0,
-        description="Share of GPU memory vLLM may take (weights + KV cache); below vLLM's 0.9 default "
-        "because a learner may share the GPU.",
-    )
-    max_model_len: int | None = Field(
-        default=None, ge=1, description="Longest prompt + response; None: the model's own."
-    )
-    enforce_eager: bool = Field(default=False, description="Disable CUDA graphs (faster start, slower decode).")
-    enable_sleep_mode: bool = Field(
-        default=False, description="Allow sleep()/wake() to free GPU memory between rollouts."
-    )
-    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = Field(
-        default="processed_logprobs",
-        description="What vLLM reports as a token's log-prob: 'processed_logprobs' is after temperature "
-        "(and top-p truncation), which matches the hf engine's log_softmax(logits / T) when top_p = 1.",
-    )
-    seeded: bool = Field(
-        default=True,
-        description="Give every request its own seed (reproducible rollouts; vLLM samples seeded "
-        "requests more slowly). Off: only the engine-level seed.",
-    )
-    engine_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Further keyword arguments for vllm.LLM (vLLM EngineArgs names); not the ones "
-        "the engine sets from other settings (dtype: rollout.dtype, seed, the fields above, data_parallel_size: "
-        "rollout.num_workers). pipeline_parallel_size: the rollout worker reserves tensor x pipeline GPUs."
-    )
-
-
-    def check_adapters(self, lora: LoraConfig) -> None:
-        """Takes LoRA adapters (learner.lora.sync: adapter) as LoRA requests, which vLLM serves only when started
-        with LoRA enabled and a large enough rank."""
-        kwargs = self.engine_kwargs
-        rank = int(kwargs.get("max_lora_rank", VLLM_DEFAULT_MAX_LORA_RANK))
-        if not kwargs.get("enable_lora") or rank < lora.r:
-            raise ConfigError(f"learner.lora.sync: adapter with the vllm engine needs rollout.engine.engine_kwargs "
-                              f"{{enable_lora: true, max_lora_rank: >= {lora.r}}} (learner.lora.r); got "
-                              f"enable_lora={kwargs.get('enable_lora')!r}, max_lora_rank={rank}")
 
 
 @ENGINES.register("vllm", config=VLLMEngineConfig)
@@ -234,7 +177,7 @@ class VLLMEngine:
         llm.start_weight_update()
         for bucket in buckets:
             # In the engine's dtype: a float32 learner would otherwise put a float32 model on every engine GPU.
-            keep, copies, handles = _share_on_gpus(unpack_bucket(bucket), getattr(torch, self.dtype))
+            keep, copies, handles = share_on_gpus(unpack_bucket(bucket), getattr(torch, self.dtype))
             llm.update_weights({"update_info": ipc_update_info(copies, handles)})
             loaded += tensor_bytes(copies.values())
             # One bucket on the GPU at a time. A worker's layer-wise reload may still hold a tensor of this bucket
@@ -308,47 +251,3 @@ def _sample(out: Any, row: int) -> Sample:
     return Sample(ids, logprobs, finish_code(completion.finish_reason, f"vllm engine row {row}"))
 
 
-def ipc_update_info(tensors: dict[str, torch.Tensor], handles: list[dict[str, tuple]]) -> dict[str, Any]:
-    """The fields of vLLM's ``IPCWeightTransferUpdateInfo`` for one bucket (unpacked: one handle dict per tensor)."""
-    return {
-        "names": list(tensors),
-        "dtype_names": [str(t.dtype).removeprefix("torch.") for t in tensors.values()],
-        "shapes": [list(t.shape) for t in tensors.values()],
-        "ipc_handles": handles,
-    }
-
-
-def _share_on_gpus(tensors: dict[str, torch.Tensor],
-                   dtype: torch.dtype) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], list[dict[str, tuple]]]:
-    """Copy each tensor onto every visible GPU, floating-point ones cast to ``dtype``; returns every copy, the first
-    GPU's copy of each tensor by name (what the update announces) and, per tensor, ``{gpu uuid: rebuild_cuda_tensor
-    args}``.
-
-    vLLM's IPC receiver looks up its own GPU's UUID, so with tensor parallelism every worker's GPU needs its
-    own copy. ``reduce_tensor`` returns ``(rebuild_cuda_tensor, args)``; the receiver wants ``args`` alone. The
-    args do not keep the storage alive: the caller holds the copies until the receivers have loaded them.
-    """
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    devices = range(torch.cuda.device_count())
-    uuids = [str(torch.cuda.get_device_properties(d).uuid) for d in devices]
-    copies: dict[str, torch.Tensor] = {}
-    handles: list[dict[str, tuple]] = []
-    keep: list[torch.Tensor] = []
-    for name, tensor in tensors.items():
-        per_gpu = {}
-        for d, uuid in zip(devices, uuids):
-            copy = _gpu_copy(tensor, d, dtype)
-            copies.setdefault(name, copy)
-            keep.append(copy)
-            _rebuild, args = reduce_tensor(copy)
-            per_gpu[uuid] = args
-        handles.append(per_gpu)
-    torch.cuda.synchronize()
-    return keep, copies, handles
-
-
-def _gpu_copy(tensor: torch.Tensor, device: int, dtype: torch.dtype) -> torch.Tensor:
-    """A contiguous copy of ``tensor`` on ``cuda:device``, cast there to ``dtype`` when floating point (the seam
-    the CPU contract tests replace)."""
-    return tensor.to(f"cuda:{device}").to(wire_dtype(tensor, dtype)).contiguous()

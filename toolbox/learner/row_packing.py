@@ -69,7 +69,6 @@ class PackedRows:
         return out
 
 
-
 def sequence_lengths(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's real prompt and response token counts, ``([B], [B])``; refuses a response mask with holes."""
     prompt_B, response_B = batch.prompt_mask_BP.sum(1), batch.response_mask_BR.sum(1)
@@ -84,7 +83,6 @@ def sequence_lengths(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
     return prompt_B, response_B
 
 
-
 # Tokens per packed row when the sequences are shorter. Fewer, longer rows cut the per-row overhead and the padding
 # left at rows' ends, while sdpa's block-diagonal mask still computes a whole row's L x L attention. Measured on
 # 2 CPU cores with `toolbox bench learner_step` and this constant varied (one GRPO micro-batch, forward + backward,
@@ -94,14 +92,12 @@ def sequence_lengths(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
 ROW_TOKENS = 256
 
 
-
 # Rows of shared-prompt units (`pack_rows`) are about this many units long (at least the longest unit, at most
 # `ROW_TOKENS`): a unit is already many sequences long, and a row's attention costs L x L. Measured on 2 CPU cores with
 # `toolbox bench learner_step --models grpo_tiny` and this constant varied (one GRPO update of the default
 # experiment's 16 prompts x 8 samples, units of 15-37 tokens, learner CPU): 1 / 1.5 / 2 /
 # 3 units and rows of 256 tokens 15.5 / 11.7-12.2 / 11.9-12.0 / 12.1-12.4 / 13.4-13.9 ms.
 SHARED_ROW_UNITS = 2.0
-
 
 
 def pack_rows(batch: RolloutBatch, pad_id: int = 0, row_length: int | None = None,
@@ -159,7 +155,6 @@ def pack_rows(batch: RolloutBatch, pad_id: int = 0, row_length: int | None = Non
                       (len(batch), int(batch.response_ids_BR.shape[1])), allowed)
 
 
-
 def _plan_units(batch: RolloutBatch, prompt_B: torch.Tensor, response_B: torch.Tensor, keep_B: torch.Tensor,
                 row_length: int | None, share_prompts: bool) -> tuple[list[list[int]], list[int], int, bool]:
     """What `pack_rows` places: the units (rows sharing one prompt copy, or one row each where no two rows share a
@@ -194,7 +189,6 @@ def _slots(units: list[list[int]], unit_lengths: list[int], prompts: list[int], 
     return where
 
 
-
 def _units(batch: RolloutBatch, prompt_B: torch.Tensor, response_B: torch.Tensor, keep_B: torch.Tensor,
            row_length: int) -> list[list[int]]:
     """The kept rows in units sharing one prompt copy: rows with equal prompt tokens, in batch order, as many to a
@@ -216,7 +210,6 @@ def _units(batch: RolloutBatch, prompt_B: torch.Tensor, response_B: torch.Tensor
     return units
 
 
-
 def _shared_prompt_mask(doc_RL: torch.Tensor, seq_RL: torch.Tensor) -> torch.Tensor:
     """``[rows, L, L]``, True where the query slot may attend the key slot: the same unit, not later, and the key in
     the unit's prompt or in the query's own response. A padding slot sees itself only (no fully masked row)."""
@@ -224,7 +217,6 @@ def _shared_prompt_mask(doc_RL: torch.Tensor, seq_RL: torch.Tensor) -> torch.Ten
     same_unit = (doc_RL.unsqueeze(2) == doc_RL.unsqueeze(1)) & (doc_RL > 0).unsqueeze(2)
     visible = (seq_RL.unsqueeze(1) == 0) | (seq_RL.unsqueeze(2) == seq_RL.unsqueeze(1))
     return (same_unit & visible & (idx.unsqueeze(1) >= idx.unsqueeze(0))) | torch.eye(len(idx), dtype=torch.bool)
-
 
 
 def _placement(lengths: list[int], row_length: int) -> list[list[int]]:
