@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,10 +21,44 @@ def test_serve_without_its_extra_says_which_to_install(monkeypatch: pytest.Monke
     assert err == "toolbox serve needs the 'serve' extra: pip install 'toolbox[serve]' (uvicorn is not installed)\n"
 
 
+@pytest.mark.parametrize(("module", "argv", "line"), [
+    ("peft", ["config", "learner.lora={r: 8}"],
+     "config error: learner.lora needs the 'lora' extra: pip install 'toolbox[lora]' (peft is not installed)"),
+    ("wandb", ["config", "callbacks=[{name: wandb}]"],
+     "callbacks.0: Value error, the wandb callback needs the 'wandb' extra: pip install 'toolbox[wandb]' (wandb is "
+     "not installed)"),
+    ("mlflow", ["config", "callbacks=[{name: mlflow}]"],
+     "callbacks.0: Value error, the mlflow callback needs the 'mlflow' extra: pip install 'toolbox[mlflow]' (mlflow "
+     "is not installed)"),
+    ("gguf", ["model", "import", "model.gguf", "out"],
+     "toolbox model import: reading a GGUF file needs the 'gguf' extra: pip install 'toolbox[gguf]' (gguf not "
+     "installed)"),
+])
+def test_each_extra_missing_is_one_line_naming_it(module: str, argv: list[str], line: str,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The package is hidden (``import`` raises ModuleNotFoundError, ``find_spec`` finds nothing) and the command a
+    user would type runs: it fails, with the extra named on one line of stderr and nothing else said."""
+    monkeypatch.setitem(sys.modules, module, None)
+    assert cli.main(argv) in (1, 2)
+    out, err = capsys.readouterr()
+    assert out == "" and any(line in row for row in err.splitlines()), err
+
+
+def test_a_missing_tensorboard_names_its_extra_and_the_run_goes_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """The tensorboard callback is a default one: without the package the run still runs, and says what to install."""
+    from toolbox.callbacks.files import TensorBoardConfig, TensorBoardMetrics
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    monkeypatch.delitem(sys.modules, "torch.utils.tensorboard", raising=False)
+    assert TensorBoardMetrics(TensorBoardConfig(), tmp_path).writer is None
+    assert "the tensorboard callback needs the 'tensorboard' extra: pip install 'toolbox[tensorboard]'" in caplog.text
+
+
 def test_every_documented_extra_is_named_and_real() -> None:
     assert {"serve", "lora", "wandb", "mlflow", "mujoco", "box2d", "gguf"} <= set(EXTRAS.values())
     import tomllib
-    from pathlib import Path
 
     extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]

@@ -244,7 +244,7 @@ def test_toolbox_model_rejects_bad_arguments_and_reports_a_failed_fetch(cache: P
     assert cli.main(["model", "fetch"]) == 2
     assert "toolbox model: 'fetch' with 0 argument(s)" in capsys.readouterr().err
     assert cli.main(["model", "fetch", "smollm3"]) == 1
-    assert "'smollm3' is not in the model catalog" in capsys.readouterr().out
+    assert "'smollm3' is not in the model catalog" in capsys.readouterr().err
     assert cli.main(["model", "--help"]) == 0 and "import FILE.gguf OUT_DIR" in capsys.readouterr().out
 
 

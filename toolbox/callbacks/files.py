@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolbox.callbacks import CALLBACKS
 from toolbox.core.events import Event, EventBus
+from toolbox.core.extras import needs_extra
 from toolbox.tracing.entries import SAMPLE_COLUMNS, StepSamples
 
 
@@ -59,7 +60,8 @@ class TensorBoardConfig(BaseModel):
 @CALLBACKS.register("tensorboard", config=TensorBoardConfig)
 class TensorBoardMetrics:
     """Scalars per step (train/*) and evaluation (eval/*); at recorded steps, the samples as a text table and
-    histograms of the step's rewards and advantages. A no-op with a warning if tensorboard is absent."""
+    histograms of the step's rewards and advantages. A no-op with a warning naming the extra if tensorboard is
+    absent (it is one of the default callbacks, so a run without the package still runs)."""
 
     def __init__(self, config: TensorBoardConfig, run_dir: Path) -> None:
         try:
@@ -67,7 +69,8 @@ class TensorBoardMetrics:
         except ImportError:  # optional dependency: the run still works, say so once
             import logging
 
-            logging.getLogger(__name__).warning("tensorboard is not installed; skipping TensorBoard logging")
+            logging.getLogger(__name__).warning("%s; no TensorBoard logging in this run", needs_extra(
+                "the tensorboard callback", "tensorboard", "tensorboard is not installed"))
             self.writer = None
             return
         self.writer = SummaryWriter(str(run_dir / config.subdir))

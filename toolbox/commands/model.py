@@ -42,14 +42,16 @@ def main(argv: list[str]) -> int:
         if action == "fetch":
             catalog.fetch(args[0], console)
         elif action == "import":
-            from toolbox.models.gguf import import_gguf
+            from toolbox.models.gguf import check_gguf_packages, import_gguf
 
+            check_gguf_packages()  # before anything is said about converting
             console.print(f"converting {escape(args[0])} (dequantized to float32) ...")
             console.print(f"wrote {escape(str(import_gguf(Path(args[0]), Path(args[1]))))}")
         else:
             console.print(_catalog_table())
     except ToolboxError as err:
-        console.print(f"[bold red]toolbox model {action}[/]: {escape(str(err))}")
+        # one line on stderr, however narrow the terminal: the message names what to install or pass
+        Console(stderr=True).print(f"[bold red]toolbox model {action}[/]: {escape(str(err))}", soft_wrap=True)
         return 1
     return 0
 
