@@ -58,22 +58,23 @@ def _timed_startup(builder: Any, startup: dict[str, float], t0: float) -> None:
 
 
 def start_ray(cfg: Any, attempts: int = 5) -> None:
-    """`connect_ray`, again when a local raylet missed Ray's fixed 30 s registration window (a loaded machine)."""
+    """`connect_ray`, again (under the one retry policy) when a local raylet missed Ray's fixed 30 s registration
+    window (a loaded machine); each failed start is shut down before the next."""
     import ray
 
+    from toolbox.core.retry import RetryPolicy
     from toolbox.driver.ray_connect import connect_ray
 
-    for attempt in range(1, attempts + 1):
+    def start() -> None:
         try:
             connect_ray(cfg, log_to_driver=False)
-            return
-        except Exception as err:  # Ray raises a bare Exception for this one
-            if "timed out during startup" not in str(err) or attempt == attempts:
-                raise
-            log.warning("Ray start-up timed out (attempt %d of %d, load average %.1f); starting it again",
-                        attempt, attempts, os.getloadavg()[0])
+        except Exception:
             ray.shutdown()
-            time.sleep(5.0 * attempt)
+            raise
+
+    RetryPolicy(attempts=attempts, first_pause_s=5.0, max_pause_s=20.0, deadline_s=600.0).call(
+        start, what=f"Ray start-up (load average {os.getloadavg()[0]:.1f})",
+        retryable=lambda err: "timed out during startup" in str(err))  # Ray raises a bare Exception for this one
 
 
 def run_experiment(overrides: list[str], steps: int, warmup: int) -> ExperimentRun:

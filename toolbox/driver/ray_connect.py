@@ -3,6 +3,7 @@ or refused with what to do, or a new local instance (`toolbox.driver.local_ray`)
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -11,6 +12,7 @@ from urllib.parse import urlsplit
 
 from toolbox.config.schema import ExperimentConfig
 from toolbox.core.errors import ConfigError
+from toolbox.core.retry import RetryPolicy
 from toolbox.driver.local_ray import LOCAL_DEFAULTS, WORKER_ENV, start_local
 
 
@@ -76,20 +78,23 @@ def connect_ray(cfg: ExperimentConfig, **overrides: Any) -> None:
 
 def unreachable(address: str, timeout_s: float) -> str:
     """Why nothing accepts a TCP connection at ``address`` (``host:port``, ``ray://host:port`` or ``auto``) within
-    ``timeout_s``, retrying twice a second (a head may be starting); empty when something does."""
+    ``timeout_s``, trying again every half second at most under the one retry policy (a head may be starting);
+    empty when something does."""
     host, port, problem = _host_port(address)
     if problem:
         return problem
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
-                return ""
-        except OSError as err:
-            problem = f"{host}:{port}: {err.strerror or err}"
-        if time.monotonic() + 0.5 >= deadline:
-            return problem
-        time.sleep(0.5)
+
+    def connect() -> None:
+        socket.create_connection((host, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))).close()
+
+    waiting = RetryPolicy(attempts=10**6, first_pause_s=0.5, max_pause_s=0.5, deadline_s=timeout_s)  # a deadline
+    try:
+        waiting.call(connect, what=f"ray head {host}:{port}", retryable=lambda err: isinstance(err, OSError),
+                     level=logging.DEBUG)  # a head still starting is expected; the caller says why it gave up
+    except OSError as err:
+        return f"{host}:{port}: {err.strerror or err}"
+    return ""
 
 
 def _host_port(address: str) -> tuple[str, int, str]:
