@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,8 +70,9 @@ def test_decay_shrinks_only_matrices() -> None:
     assert moved == {"0.weight", "2.weight"}
 
 
-@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes is installed here")
-def test_8bit_adamw_without_bitsandbytes_names_the_package() -> None:
+def test_8bit_adamw_without_bitsandbytes_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # not installed, whether it is here or not
+    assert importlib.util.find_spec("bitsandbytes") is None
     with pytest.raises(ConfigError, match=r"learner.optim.name: Value error, 'adamw_8bit' needs the bitsandbytes package, "
                                           r"which is not installed \(pip install bitsandbytes"):
         load_config(["learner.optim.name=adamw_8bit"])
@@ -87,3 +90,22 @@ def test_the_critic_takes_its_own_optimizer() -> None:
     assert cfg.learner.critic_optim is not None and cfg.learner.critic_optim.name == "sgd"
     with pytest.raises(ConfigError, match=r"learner.critic_optim: algorithm 'grpo' trains no critic"):
         load_config(["learner.critic_optim={name: sgd}"])
+
+
+def test_the_ppo_critic_trains_with_its_own_optimizer_and_the_policy_with_learner_optim(tiny_model_dir: Path) -> None:
+    from toolbox.algorithms.ppo.config import PPOConfig
+    from toolbox.algorithms.ppo.learner import PPOLearner
+    from toolbox.learner.config import LearnerConfig
+
+    def optimizers(**learner: object) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+        cfg = LearnerConfig(num_workers=1, strategy="single", optim=OptimConfig(lr=2e-5, weight_decay=0.1), **learner)
+        ppo = PPOLearner(str(tiny_model_dir), "float32", cfg, PPOConfig(critic_lr=3e-4), total_steps=2)
+        return ppo.policy.trained.optimizer, ppo.critic.optimizer
+
+    policy, critic = optimizers(critic_optim=OptimConfig(name="sgd", lr=0.01, momentum=0.5))
+    assert type(policy).__name__ == "AdamW" and policy.defaults["lr"] == 2e-5
+    assert type(critic).__name__ == "SGD" and critic.defaults["lr"] == 0.01 and critic.defaults["momentum"] == 0.5
+    assert [g["weight_decay"] for g in critic.param_groups] == [0.0]  # its own section: no decay
+    policy, critic = optimizers()  # unset: learner.optim at algorithm.critic_lr, biases and norms undecayed too
+    assert type(critic).__name__ == "AdamW" and critic.defaults["lr"] == 3e-4
+    assert sorted(g["weight_decay"] for g in critic.param_groups) == [0.0, 0.1]
