@@ -111,6 +111,12 @@ def test_a_run_publishes_to_memory_and_resumes_from_its_url(tmp_path: Path, memf
     assert memfs.cat_file("/runs/a/checkpoints/best/best.json") == (tmp_path / "a/checkpoints/best/best.json").read_bytes()
     assert memfs.exists(f"/runs/a/checkpoints/best/{COMPLETE}")
     assert memfs.exists("/runs/a/config.yaml") and memfs.exists("/runs/a/metrics.jsonl")
+    # resume_from=auto on the remote run_root, from another staging directory (another machine): the newest
+    # complete checkpoint comes from the store
+    auto = ExperimentBuilder(load_config([*base, "trainer.run_name=a", f"trainer.staging_root={tmp_path / 'other'}",
+                                          "trainer.resume_from=auto"]))
+    assert auto.resume_from == str(tmp_path / "other" / "a" / "checkpoints" / "step_4")
+    assert (tmp_path / "other" / "a" / "checkpoints" / "step_4" / COMPLETE).is_file()
     assert resume_command(tmp_path / "a") == (
         f"python -m toolbox.run experiment={tmp_path}/a/config.yaml trainer.run_root=memory://runs "
         f"trainer.staging_root={tmp_path} trainer.run_name=a trainer.resume_from=auto")
