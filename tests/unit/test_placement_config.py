@@ -35,3 +35,11 @@ def test_a_local_run_root_on_several_nodes_needs_shared_fs() -> None:
     check_run_root_shared(TrainerConfig(shared_fs=True), nodes=3)
     with pytest.raises(ConfigError, match=r"the Ray cluster has 3 nodes.*pass trainer.shared_fs=true"):
         check_run_root_shared(TrainerConfig(run_root="/data/runs"), nodes=3)
+
+
+def test_a_remote_run_root_on_several_nodes_needs_a_shared_staging_root() -> None:
+    check_run_root_shared(TrainerConfig(run_root="memory://runs", staging_root="/nfs/staging", shared_fs=True), nodes=3)
+    with pytest.raises(ConfigError, match=r"^trainer.run_root='memory://runs' is remote, but the run is staged in "
+                                          r"trainer.staging_root='/scratch' first and the Ray cluster has 2 nodes: .*"
+                                          r"Point staging_root at a filesystem every node mounts"):
+        check_run_root_shared(TrainerConfig(run_root="memory://runs", staging_root="/scratch"), nodes=2)

@@ -99,9 +99,18 @@ def find_resume(target: str) -> str:
 
 
 def check_run_root_shared(trainer: TrainerConfig, nodes: int) -> None:
-    """On a cluster of several nodes, learner ranks elsewhere write checkpoints under run_root: it must be shared."""
-    if nodes > 1 and not trainer.shared_fs:
+    """On a cluster of several nodes, learner ranks elsewhere write checkpoints under run_root (a remote run_root:
+    under staging_root, which the driver publishes from): it must be shared."""
+    if nodes < 2 or trainer.shared_fs:
+        return
+    if is_remote(trainer.run_root):
         raise ConfigError(
-            f"trainer.run_root={trainer.run_root!r} is a local path and the Ray cluster has {nodes} nodes: actors on "
-            "other nodes would write checkpoints to their own disks. Put run_root on a filesystem every node mounts "
-            "(NFS, a Kubernetes ReadWriteMany volume such as deploy/kuberay/pvc.yaml) and pass trainer.shared_fs=true.")
+            f"trainer.run_root={trainer.run_root!r} is remote, but the run is staged in trainer.staging_root="
+            f"{str(staging_root(trainer.staging_root))!r} first and the Ray cluster has {nodes} nodes: learner ranks "
+            "on other nodes would write their checkpoint shards to their own disks, which the driver cannot publish. "
+            "Point staging_root at a filesystem every node mounts (NFS, a Kubernetes ReadWriteMany volume such as "
+            "deploy/kuberay/pvc.yaml) and pass trainer.shared_fs=true.")
+    raise ConfigError(
+        f"trainer.run_root={trainer.run_root!r} is a local path and the Ray cluster has {nodes} nodes: actors on "
+        "other nodes would write checkpoints to their own disks. Put run_root on a filesystem every node mounts "
+        "(NFS, a Kubernetes ReadWriteMany volume such as deploy/kuberay/pvc.yaml) and pass trainer.shared_fs=true.")
