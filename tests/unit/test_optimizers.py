@@ -109,3 +109,17 @@ def test_the_ppo_critic_trains_with_its_own_optimizer_and_the_policy_with_learne
     policy, critic = optimizers()  # unset: learner.optim at algorithm.critic_lr, biases and norms undecayed too
     assert type(critic).__name__ == "AdamW" and critic.defaults["lr"] == 3e-4
     assert sorted(g["weight_decay"] for g in critic.param_groups) == [0.0, 0.1]
+
+
+def test_a_plugins_optimizer_is_selected_by_name() -> None:
+    @OPTIMIZERS.register("rmsprop_test")
+    def rmsprop(groups: list[dict[str, object]], o: OptimConfig) -> torch.optim.Optimizer:
+        return torch.optim.RMSprop(groups, lr=o.lr, eps=o.eps, momentum=o.momentum)
+
+    try:
+        cfg = load_config(["learner.optim={name: rmsprop_test, lr: 0.002, weight_decay: 0.1}"])
+        optimizer, _ = build_optimizer(_model(), cfg.learner.optim, 10)
+        assert type(optimizer).__name__ == "RMSprop" and optimizer.defaults["lr"] == 0.002
+        assert sorted(g["weight_decay"] for g in optimizer.param_groups) == [0.0, 0.1]
+    finally:
+        OPTIMIZERS.unregister("rmsprop_test")
