@@ -100,6 +100,30 @@ def test_transient_errors_are_retried_and_counted() -> None:
     assert all(policy.pause(k) <= min(8.0, 0.5 * 2 ** k) for k in range(6) for _ in range(20))
 
 
+def test_remote_calls_go_under_the_runs_storage_retry(tmp_path: Path, memfs: fsspec.AbstractFileSystem,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A download that drops its connection twice succeeds with three tries, fails with the one try
+    ``trainer.storage_retry`` allows."""
+    publish_checkpoint(RemoteDir("memory://runs/r"), local_checkpoint(tmp_path / "old", 2), keep=0)
+    get, drops = memfs.get, [0]
+
+    def flaky_get(*args: object, **kwargs: object) -> object:
+        drops[0] += 1
+        if drops[0] % 3:
+            raise ConnectionResetError("connection reset by peer")
+        return get(*args, **kwargs)
+
+    monkeypatch.setattr(memfs, "get", flaky_get)
+    retry = load_config(["trainer.storage_retry={attempts: 1}"]).trainer.storage_retry
+    with pytest.raises(ConnectionResetError):
+        resolve_resume("memory://runs/r/checkpoints/step_2", tmp_path / "a", policy=retry)
+    drops[0] = 0
+    retry = load_config(["trainer.storage_retry={attempts: 3, first_pause_s: 0.01}"]).trainer.storage_retry
+    assert resolve_resume("memory://runs/r/checkpoints/step_2", tmp_path / "b", policy=retry) == \
+        str(tmp_path / "b" / "checkpoints" / "step_2")
+    assert drops[0] == 3
+
+
 def test_a_run_publishes_to_memory_and_resumes_from_its_url(tmp_path: Path, memfs: fsspec.AbstractFileSystem) -> None:
     base = ["experiment=sft_tiny", "ray.local_mode=true", "learner.strategy=single", "learner.num_workers=1",
             "callbacks=[{name: jsonl}]", "trainer.eval_every=0", "trainer.run_root=memory://runs",
@@ -116,6 +140,7 @@ def test_a_run_publishes_to_memory_and_resumes_from_its_url(tmp_path: Path, memf
     auto = ExperimentBuilder(load_config([*base, "trainer.run_name=a", f"trainer.staging_root={tmp_path / 'other'}",
                                           "trainer.resume_from=auto"]))
     assert auto.resume_from == str(tmp_path / "other" / "a" / "checkpoints" / "step_4")
+    assert auto.remote is not None and auto.remote.policy is auto.cfg.trainer.storage_retry
     assert (tmp_path / "other" / "a" / "checkpoints" / "step_4" / COMPLETE).is_file()
     assert resume_command(tmp_path / "a") == (
         f"python -m toolbox.run experiment={tmp_path}/a/config.yaml trainer.run_root=memory://runs "

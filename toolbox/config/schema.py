@@ -27,6 +27,7 @@ from toolbox.config.algorithm import ALGORITHMS, DEFAULT_ALGORITHM, AlgorithmCon
 from toolbox.core.errors import ConfigError
 from toolbox.core.paths import DEFAULT_EXPERIMENT
 from toolbox.core.registry import Spec, SpecOf
+from toolbox.core.retry import RetryPolicy
 from toolbox.core.storage import check_location
 from toolbox.data.check import check_data
 from toolbox.data.rows import DataConfig
@@ -193,6 +194,9 @@ class TrainerConfig(BaseModel):
     shared_fs: bool = Field(False, description="Assert that run_root is on a filesystem every Ray node sees (NFS, a "
                             "Kubernetes RWX volume, the same machine): required on a cluster of more than one node, "
                             "where learner ranks on other nodes write the checkpoints.")
+    storage_retry: RetryPolicy = Field(default_factory=RetryPolicy, description="How a call to a remote run_root or "
+                                       "resume_from is tried again after a connection failure or a timeout (the one "
+                                       "retry policy: backoff with full jitter, a deadline; docs/storage.md).")
 
     @model_validator(mode="after")
     def _watched(self) -> TrainerConfig:

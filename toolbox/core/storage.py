@@ -79,7 +79,8 @@ def check_location(field: str, value: str, writable: bool = True) -> str:
 
 
 class RemoteDir:
-    """A directory on an fsspec filesystem, written and read through the one retry policy."""
+    """A directory on an fsspec filesystem, written and read through the one retry policy (a run's:
+    ``trainer.storage_retry``)."""
 
     def __init__(self, url: str, policy: RetryPolicy | None = None) -> None:
         from fsspec.core import url_to_fs
@@ -167,18 +168,19 @@ def publish_run(remote: RemoteDir, run_dir: Path) -> int:
     return count
 
 
-def fetch_checkpoint(url: str, run_dir: Path, field: str = "trainer.resume_from") -> Path | None:
+def fetch_checkpoint(url: str, run_dir: Path, field: str = "trainer.resume_from",
+                     policy: RetryPolicy | None = None) -> Path | None:
     """The checkpoint ``url`` names, downloaded into ``run_dir/checkpoints/step_N``: a complete ``step_N`` itself,
     or a run directory's newest complete one (``None`` when it has none). An incomplete checkpoint is a
-    `ConfigError` naming ``field``."""
-    remote = RemoteDir(url)
+    `ConfigError` naming ``field``. Every call under ``policy`` (`trainer.storage_retry`; unset: its defaults)."""
+    remote = RemoteDir(url, policy)
     name = url.rstrip("/").rsplit("/", 1)[-1]
     if re.match(r"^step_\d+$", name):
         if not remote.exists(COMPLETE):
             raise ConfigError(f"{field}={url}: not a complete checkpoint (no {COMPLETE} marker: missing, or it "
                               "was being uploaded when its run stopped); pass the run's URL to take its newest "
                               "complete one")
-        source, rel = RemoteDir(url.rstrip("/").rsplit("/", 2)[0]), f"checkpoints/{name}"
+        source, rel = RemoteDir(url.rstrip("/").rsplit("/", 2)[0], policy), f"checkpoints/{name}"
     else:
         done = remote.complete_checkpoints()
         if not done:

@@ -53,11 +53,12 @@ class ExperimentBuilder:
         check_specs(cfg)
         self.run_dir = make_run_dir(cfg)
         # a remote run_root: where the staged run directory is published (`toolbox.core.storage`)
-        self.remote = RemoteDir(f"{cfg.trainer.run_root}/{self.run_dir.name}") if is_remote(cfg.trainer.run_root) \
-            else None
+        self.remote = RemoteDir(f"{cfg.trainer.run_root}/{self.run_dir.name}", cfg.trainer.storage_retry) \
+            if is_remote(cfg.trainer.run_root) else None
         if isinstance(cfg.algorithm, OfflineDataConfig) and (cfg.algorithm.dataset or cfg.algorithm.eval_dataset):
             cfg.algorithm.check_rows(cfg.data, self.tokenizer)  # tokenised records, before Ray
-        self.resume_from = resolve_resume(cfg.trainer.resume_from, self.run_dir, self.remote)  # fails here, early
+        # fails here, early
+        self.resume_from = resolve_resume(cfg.trainer.resume_from, self.run_dir, self.remote, cfg.trainer.storage_retry)
         dump_config(cfg, self.run_dir / "config.yaml")
         self.groups: list[Any] = []
         self.placement: Any = None  # a Tune trial's placement group, when its actors must live inside it

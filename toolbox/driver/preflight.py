@@ -31,7 +31,7 @@ def make_run_dir(cfg: ExperimentConfig) -> Path:
     run_dir = (staging_root(t.staging_root) if remote else Path(t.run_root).resolve()) / name
     if not t.run_name:  # two runs started in the same second get their own directories
         n = 1
-        while run_dir.exists() or (remote and RemoteDir(f"{t.run_root}/{run_dir.name}").exists("")):
+        while run_dir.exists() or (remote and RemoteDir(f"{t.run_root}/{run_dir.name}", t.storage_retry).exists("")):
             n += 1
             run_dir = run_dir.with_name(f"{name}-{n}")
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from toolbox.core.errors import ConfigError
+from toolbox.core.retry import RetryPolicy
 from toolbox.core.storage import COMPLETE, RemoteDir, fetch_checkpoint, is_remote
 
 log = logging.getLogger(__name__)
@@ -103,25 +104,27 @@ def prune(run_dir: Path, keep: int) -> list[Path]:
     return removed
 
 
-def resolve_resume(target: str, run_dir: Path, remote: RemoteDir | None = None) -> str:
+def resolve_resume(target: str, run_dir: Path, remote: RemoteDir | None = None,
+                   policy: RetryPolicy | None = None) -> str:
     """The checkpoint directory ``trainer.resume_from`` names, or ``""`` to start fresh.
 
     ``auto``: the newest complete checkpoint of this run's directory (or of its ``remote`` copy, downloaded), or
     a fresh start when there is none. A run directory: its newest complete checkpoint (an error when it has
     none). A ``step_N`` directory: itself, if complete. A URL of either: the same, downloaded into ``run_dir``.
-    Errors are `ConfigError`s naming the field and what to pass instead.
+    Errors are `ConfigError`s naming the field and what to pass instead. Remote calls go under ``policy``
+    (``trainer.storage_retry``).
     """
     if not target:
         return ""
     if is_remote(target):
-        fetched = fetch_checkpoint(target, run_dir)
+        fetched = fetch_checkpoint(target, run_dir, policy=policy)
         if fetched is None:
             raise ConfigError(f"trainer.resume_from={target}: the run has no complete checkpoint (a "
                               f"checkpoints/step_N with a {COMPLETE} marker); start without resume_from")
         return str(fetched)
     if target == "auto":
         if remote is not None:  # the newest remote one, beside any the local staging copy still holds
-            fetch_checkpoint(remote.url, run_dir)
+            fetch_checkpoint(remote.url, run_dir, policy=remote.policy)
         latest = latest_checkpoint(run_dir)
         if latest is None:
             log.info("trainer.resume_from=auto: no complete checkpoint in %s, starting fresh", run_dir / "checkpoints")
