@@ -40,6 +40,7 @@ class FakeServe:
     info_status: int = 200
     info: dict[str, Any] = field(default_factory=lambda: {"model": "tiny", "weight_update": True})
     weights_status: int = 200
+    weights_failing: int = 0  # answer this many weight pushes 503 first
     loaded_offset: int = 0  # answer `loaded` off by this much (a server that dropped tensors)
     completions: list[dict[str, Any]] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)  # the Authorization header of each completions request
@@ -79,6 +80,9 @@ def make_handler(state: FakeServe) -> type[BaseHTTPRequestHandler]:
                 state.pushes.append((dict(self.headers), body))
                 if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                     return self._reply(401, {"error": {"message": "bad admin token"}})
+                if state.weights_failing:
+                    state.weights_failing -= 1
+                    return self._reply(503, {"error": {"message": "loading"}})
                 if state.weights_status != 200:
                     return self._reply(state.weights_status, {"error": {"message": "no"}})
                 loaded = len(load_safetensors(body)) + state.loaded_offset
@@ -193,6 +197,19 @@ def test_rejected_push_names_url_and_status(fake: tuple[FakeServe, str], tok_dir
     state.weights_status = 422
     with pytest.raises(RuntimeError, match="status 422"):
         eng.update_weights(pack_state_dict({"w": torch.ones(2)}))
+
+
+def test_a_push_the_server_failed_is_sent_again_and_counted(fake: tuple[FakeServe, str], tok_dir: str) -> None:
+    from toolbox.core.retry import take_retries
+
+    state, url = fake
+    take_retries()
+    state.weights_failing = 1
+    assert engine(tok_dir, url, max_retries=1).update_weights(pack_state_dict({"w": torch.ones(2)})) == 8
+    assert len(state.pushes) == 2 and take_retries() == 1
+    state.weights_failing = 2
+    with pytest.raises(RuntimeError, match=rf"{url}/toolbox/weights was rejected with status 503: .*loading"):
+        engine(tok_dir, url, max_retries=1).update_weights(pack_state_dict({"w": torch.ones(2)}))
 
 
 def test_a_server_that_loads_fewer_tensors_is_an_error(fake: tuple[FakeServe, str], tok_dir: str) -> None:

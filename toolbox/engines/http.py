@@ -170,6 +170,14 @@ class ServerUnreachableError(RuntimeError):
     """The server did not answer at all (refused connection, timeout, DNS)."""
 
 
+class PushFailedError(RuntimeError):
+    """A weight push answered with a status worth sending it again for (408, 5xx)."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"status {status}: {_snippet(body)}")
+        self.status, self.body = status, body
+
+
 def _http(url: str, *, method: str = "GET", headers: dict[str, str] | None = None, body: bytes | None = None,
           timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int, bytes]:
     """One request with the standard library; returns (status, body) for any HTTP answer, 4xx/5xx included.
@@ -404,11 +412,25 @@ class HTTPEngine:
         return 0
 
     def _push(self, buckets: list[WeightBucket]) -> int:
-        """POST the full state dict as safetensors to ``<base_url>/toolbox/weights``; check the server loaded all."""
+        """POST the full state dict as safetensors to ``<base_url>/toolbox/weights`` (sent again, under the one retry
+        policy, up to ``max_retries`` times when the server did not answer or answered 408 or 5xx); check the server
+        loaded all."""
         url = f"{self.config.base_url.rstrip('/')}/toolbox/weights"
         payload, count, nbytes = safetensors_payload(buckets)
         headers = {"Authorization": f"Bearer {self._admin_token()}", "Content-Type": "application/octet-stream"}
-        status, body = _http(url, method="POST", headers=headers, body=payload, timeout_s=self.config.timeout_s)
+
+        def post() -> tuple[int, bytes]:
+            status, body = _http(url, method="POST", headers=headers, body=payload, timeout_s=self.config.timeout_s)
+            if status == 408 or status >= 500:  # the whole state dict again is the same push: safe to repeat
+                raise PushFailedError(status, body)
+            return status, body
+
+        policy = RetryPolicy(attempts=self.config.max_retries + 1, deadline_s=self.config.timeout_s)
+        try:
+            status, body = policy.call(post, what="http engine weight push",
+                                       retryable=lambda err: isinstance(err, ServerUnreachableError | PushFailedError))
+        except PushFailedError as err:
+            status, body = err.status, err.body
         if status != 200:
             raise RuntimeError(f"http engine: weight push of {count} tensors to {url} was rejected with status "
                                f"{status}: {_snippet(body)}")
