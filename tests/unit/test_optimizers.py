@@ -123,3 +123,13 @@ def test_a_plugins_optimizer_is_selected_by_name() -> None:
         assert sorted(g["weight_decay"] for g in optimizer.param_groups) == [0.0, 0.1]
     finally:
         OPTIMIZERS.unregister("rmsprop_test")
+
+
+def test_adafactor_on_fsdp2_shards_is_refused_at_load() -> None:
+    """Its step fails on FSDP2's DTensor parameters (checked on 2 gloo ranks), so the config says so first."""
+    with pytest.raises(ConfigError, match=r"learner.optim.name: 'adafactor' cannot run with learner.strategy fsdp2: "
+                                          r".*use learner.strategy ddp \(or single\)"):
+        load_config(["experiment=grpo_tiny_fsdp2", "learner.optim.name=adafactor"])
+    with pytest.raises(ConfigError, match=r"learner.critic_optim.name: 'adafactor' cannot run with learner.strategy"):
+        load_config(["experiment=ppo_tiny", "learner.strategy=fsdp2", "learner.critic_optim={name: adafactor}"])
+    assert load_config(["learner.strategy=ddp", "learner.optim.name=adafactor"]).learner.optim.name == "adafactor"

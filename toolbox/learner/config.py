@@ -130,6 +130,11 @@ class LearnerConfig(BaseModel):
     def _fsdp2_only(self) -> LearnerConfig:
         if self.lora is not None:
             require("peft", "learner.lora")  # at start, not in every learner rank
+        from toolbox.learner.optimizers import check_strategy
+
+        for field, optim in (("optim", self.optim), ("critic_optim", self.critic_optim)):
+            if optim is not None:  # at load: in a rank, the first optimizer step would fail
+                check_strategy(optim.name, self.strategy, f"learner.{field}.name")
         # One rank computes in bf16 under autocast; offload and DDP have no such path.
         for name, off, takes in (("mixed_precision", "fp32", ("fsdp2", "single")), ("offload", "none", ("fsdp2",))):
             if getattr(self, name) != off and self.strategy not in takes:

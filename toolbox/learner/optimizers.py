@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 Groups = list[dict[str, Any]]
 OPTIMIZERS: Registry[torch.optim.Optimizer] = Registry("optimizer")
 NEEDS: dict[str, tuple[str, str]] = {"adamw_8bit": ("bitsandbytes", "pip install bitsandbytes (CUDA builds)")}
+# Optimizers whose step cannot run on FSDP2's sharded parameters (DTensor), and why.
+NOT_SHARDED: dict[str, str] = {
+    "adafactor": "its factored second moments are row and column means of whole matrices, kept as plain tensors "
+                 "beside FSDP2's sharded ones (the step fails: 'got mixed torch.Tensor and DTensor')"}
 
 
 def param_groups(model: nn.Module, o: OptimConfig) -> Groups:
@@ -50,6 +54,14 @@ def check_available(name: str, field: str) -> None:
     if module and importlib.util.find_spec(module) is None:
         raise ConfigError(f"{field}: {name!r} needs the {module} package, which is not installed ({how}); "
                           "or use adamw")
+
+
+def check_strategy(name: str, strategy: str, field: str) -> None:
+    """A `ConfigError` naming ``field`` when optimizer ``name`` cannot step ``strategy``'s parameters."""
+    why = NOT_SHARDED.get(name)
+    if strategy == "fsdp2" and why:
+        raise ConfigError(f"{field}: {name!r} cannot run with learner.strategy fsdp2: {why}; use learner.strategy "
+                          "ddp (or single), or another optimizer (adamw, sgd)")
 
 
 def _flat(groups: Groups) -> list[torch.Tensor]:
