@@ -27,6 +27,9 @@ def test_flops_are_six_n_per_token_plus_attention() -> None:
                                          num_attention_heads=4, num_key_value_heads=2))
     params, layers, width = model_dims(model)
     assert params == sum(p.numel() for p in model.parameters()) and (layers, width) == (2, 32)
+    wrapped = torch.nn.Module()
+    wrapped.module = model  # as DistributedDataParallel holds it
+    assert model_dims(wrapped) == (params, 2, 32)
     assert train_flops((params, layers, width), tokens=10, mean_len=5) == 10 * (6 * params + 12 * 2 * 32 * 5)
 
 

@@ -33,7 +33,7 @@ def model_dims(model: torch.nn.Module) -> tuple[int, int, int]:
     """(parameters, layers, width) of a (possibly wrapped or sharded) causal LM; layers and width 0 where its
     config does not say (no attention term)."""
     params = sum(p.numel() for p in model.parameters())
-    config: Any = getattr(model, "config", None)
+    config: Any = getattr(getattr(model, "module", model), "config", None)  # DDP wraps the model as .module
     layers = int(getattr(config, "num_hidden_layers", 0) or 0)
     width = int(getattr(config, "hidden_size", 0) or 0)
     return params, layers, width
