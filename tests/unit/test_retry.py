@@ -4,6 +4,8 @@ retries once, in-process groups included."""
 
 from __future__ import annotations
 
+import pickle
+
 import torch
 from toolbox.actors.rollout import split_rows
 
@@ -43,12 +45,13 @@ def test_each_retry_is_handed_out_once() -> None:
 
 def test_batches_and_scores_carry_their_workers_retries_into_the_step() -> None:
     assert RolloutBatch.concat([batch(2, 1), batch(3, 2)]).retries == 3
+    assert pickle.loads(pickle.dumps(batch(2, 3))).retries == 3  # as Ray hands it from the worker to the learner
     take_retries()
     retried(1)
     parts = split_rows(batch(4), [1, 3], seconds=2.0)  # one engine call for two steps: the first carries its retries
     assert [p.retries for p in parts] == [1, 0]
     scores = RewardResult(torch.zeros(2), torch.zeros(2, dtype=torch.long), ["", ""], retries=4)
-    assert RewardResult.concat([scores, scores]).retries == 8
+    assert RewardResult.concat([scores, scores]).retries == 8 and pickle.loads(pickle.dumps(scores)).retries == 4
     assert phase_seconds([batch(2, 1), batch(2)], [scores])["retries"] == 5
     assert "retries" not in phase_seconds([batch(2)], [])
 
