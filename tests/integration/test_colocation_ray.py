@@ -24,7 +24,7 @@ def test_colocated_run_shares_bundles_and_finishes(ray_session: None, tmp_path: 
                        "rollout.sampling.max_new_tokens=4"])
     builder = ExperimentBuilder(cfg)
     try:
-        with caplog.at_level(logging.INFO, logger="toolbox.algorithms.base"):
+        with caplog.at_level(logging.INFO, logger="toolbox.driver.weight_sync"):
             trainer = builder.build_trainer()
         rollout, learner = trainer.rollout.group, trainer.learner.group
         # What each actor reports from inside: (placement group id, bundle index); worker i and rank i share one.

@@ -215,10 +215,11 @@ def test_split_refuses_gpu_fractions_that_could_share_one_nccl_device() -> None:
 
 
 class StartOrderBuilder:
-    """What `policy_roles` asks of an `ExperimentBuilder`, recording when each role's actors are ready."""
+    """What `ExperimentBuilder.start` asks of the builder it runs on, recording when each role's actors are ready."""
 
     def __init__(self, cfg: ExperimentConfig) -> None:
         self.cfg, self.model_path, self.tokenizer, self.log = cfg, "model", None, []
+        self.nodes: dict[str, list[str | None]] = {}
 
     def learner_group(self, build: Any, wait: bool = True) -> LocalGroup:
         self.log.append("learner actors" + (", built" if wait else ""))  # ranks build when they join (`started`)
@@ -233,12 +234,22 @@ class StartOrderBuilder:
         self.log.append("learner ranks build; every role started")
 
 
-def test_colocated_engines_start_before_learner_ranks_build() -> None:
-    from toolbox.algorithms.base import policy_roles
+def start_order(cfg: ExperimentConfig) -> tuple[list[str], dict[str, Any]]:
+    """The order `ExperimentBuilder.start` starts the groups of the online plan in, and the typed groups."""
+    from toolbox.algorithms.base import online_plan
+    from toolbox.driver.experiment import ExperimentBuilder
 
-    colocated = StartOrderBuilder(config(rollout={**COLOCATE, **GPU_HALF, "engine": VLLM}, learner=GPU_HALF))
-    policy_roles(colocated, FakeLearner, ALGO)  # type: ignore[arg-type]
-    assert colocated.log.index("rollout actors, started") < colocated.log.index("learner ranks build; every role started")
-    split = StartOrderBuilder(config())
-    policy_roles(split, FakeLearner, ALGO)  # type: ignore[arg-type]
-    assert "rollout actors" in split.log  # split: every role starts at once
+    builder = StartOrderBuilder(cfg)
+    groups = ExperimentBuilder.start(builder, online_plan(builder, FakeLearner, ALGO))  # type: ignore[arg-type]
+    return builder.log, groups
+
+
+def test_colocated_engines_start_before_learner_ranks_build() -> None:
+    log, _ = start_order(config(rollout={**COLOCATE, **GPU_HALF, "engine": VLLM}, learner=GPU_HALF))
+    assert log.index("rollout actors, started") < log.index("learner ranks build; every role started")
+    log, groups = start_order(config())
+    assert log == ["learner actors", "rollout actors", "reward actors", "learner ranks build; every role started"]
+    assert (type(groups["learner"]), type(groups["rollout"]), type(groups["reward"])) == (
+        PolicyLearnerGroup, RolloutGroup, RewardGroup)  # split: every role starts at once, each typed
+    log, groups = start_order(config(reward={"num_workers": 0}))  # the rollout workers score their own batches
+    assert "reward actors" not in log and groups["reward"].group is groups["rollout"].group

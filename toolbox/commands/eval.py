@@ -147,7 +147,7 @@ def eval_groups(cfg: Any, model_path: str) -> Iterator[tuple[Any, Any]]:
 
 
 def _group(cfg: Any, role: str, model_path: str, use_ray: bool) -> Any:
-    """The workers of ``role`` (rollout or reward), built as `toolbox.algorithms.base.policy_roles` builds them."""
+    """The workers of ``role`` (rollout or reward), built as `toolbox.algorithms.base.policy_plan` declares them."""
     from functools import partial
 
     import torch

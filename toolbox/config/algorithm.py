@@ -92,8 +92,8 @@ class AlgorithmConfig(BaseModel):
         return None
 
 
-# The entries' factories are the algorithms' wirings (`toolbox.algorithms.base.Wiring`: builder and event bus in,
-# trainer out); their types live above this layer, so the registry holds them untyped.
+# The entries' factories are the algorithms' wirings (`toolbox.algorithms.base.Wiring`: the builder in, an
+# `AlgorithmPlan` out); their types live above this layer, so the registry holds them untyped.
 ALGORITHMS: Registry[Any] = Registry("algorithm", builtins="toolbox.algorithms.builtin")
 F = TypeVar("F", bound=Callable[..., Any])
 

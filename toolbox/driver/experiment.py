@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from toolbox.algorithms.plan import AlgorithmPlan, Groups
 from toolbox.callbacks import CALLBACKS
 from toolbox.callbacks.remote import RemotePublish
 from toolbox.config.algorithm import AlgorithmConfig
@@ -34,6 +35,7 @@ from toolbox.driver.preflight import (
     resolve_model_path,
 )
 from toolbox.driver.ray_connect import live_nodes
+from toolbox.driver.weight_sync import open_weight_sync
 from toolbox.models.catalog import resolve_source
 from toolbox.trainers.checkpoints import resolve_resume
 
@@ -232,9 +234,31 @@ class ExperimentBuilder:
             CALLBACKS.build(spec, inject=inject).attach(bus)
         if self.remote is not None:  # after the callbacks: what they write at an event is published with it
             RemotePublish(self.remote, self.run_dir, self.cfg.trainer.keep_checkpoints).attach(bus)
-        trainer = ALGORITHMS.get(self.cfg.algorithm.name).factory(self, bus)
-        self.started()  # a wiring that started groups without waiting and did not wait itself
-        return trainer
+        name = self.cfg.algorithm.name
+        plan = ALGORITHMS.get(name).factory(self)
+        if not isinstance(plan, AlgorithmPlan):
+            raise TypeError(f"algorithm {name!r}: its wiring returned a {type(plan).__name__}, not the AlgorithmPlan "
+                            "of toolbox.algorithms.plan that the builder starts (docs/adding-an-algorithm.md)")
+        return plan.loop(self.start(plan), bus)
+
+    def start(self, plan: AlgorithmPlan) -> Groups:
+        """Carry ``plan`` out: the learner's actors first (its ranks take longest to start, and the actors created
+        first take the worker processes Ray started ahead), then each role's in the plan's order, all starting at
+        once; the driver's own loading (the tokenizer) meanwhile; one wait for them all, in which the learner ranks
+        join their process group and build their learners as soon as they are up; then the weight-sync path from
+        the learner to the rollout workers. Returns each role's typed group."""
+        raw = {"learner": self.learner_group(plan.learner.build, wait=False)}
+        for role in plan.roles:
+            w = role.workers
+            raw[role.name] = raw[role.on] if w is None else self.group(
+                role.name, w.cls, w.count, w.kwargs, w.timeout_s, w.cpus, w.gpus, wait=w.wait)
+        if "rollout" in raw:
+            self.tokenizer  # noqa: B018 - the cached property's work (the driver tokenises the prompts) is the point
+        self.started()
+        groups = {"learner": plan.learner.facade(raw["learner"]), **{r.name: r.facade(raw[r.name]) for r in plan.roles}}
+        if "rollout" in groups:
+            open_weight_sync(self.cfg, self.nodes, groups["learner"], groups["rollout"])
+        return groups
 
     def shutdown(self) -> None:
         for group in self.groups:

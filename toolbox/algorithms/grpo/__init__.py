@@ -4,20 +4,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from toolbox.algorithms.base import policy_wiring
+from toolbox.algorithms.base import online_plan
 from toolbox.algorithms.grpo.config import GRPOConfig
+from toolbox.algorithms.plan import AlgorithmPlan
 from toolbox.config.algorithm import register_algorithm
-from toolbox.core.events import EventBus
-from toolbox.trainers.base import BaseTrainer
 
 if TYPE_CHECKING:
     from toolbox.driver.experiment import ExperimentBuilder
 
 
 @register_algorithm("grpo", GRPOConfig)
-def wire(builder: ExperimentBuilder, bus: EventBus) -> BaseTrainer:
+def wire(builder: ExperimentBuilder) -> AlgorithmPlan:
     """Rollout -> reward -> learner for GRPO; DAPO's dynamic sampling tops the batch up with more rounds."""
     from toolbox.algorithms.grpo.learner import GRPOLearner
 
     algo = builder.algorithm(GRPOConfig)
-    return policy_wiring(builder, bus, GRPOLearner, algo, dynamic=algo)
+    return online_plan(builder, GRPOLearner, algo, dynamic=algo)

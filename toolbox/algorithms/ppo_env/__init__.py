@@ -6,10 +6,9 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from toolbox.algorithms.plan import AlgorithmPlan, LearnerPlan, RolePlan, Workers
 from toolbox.algorithms.ppo_env.config import PPOEnvConfig
 from toolbox.config.algorithm import register_algorithm
-from toolbox.core.events import EventBus
-from toolbox.trainers.base import BaseTrainer
 
 if TYPE_CHECKING:
     from toolbox.driver.experiment import ExperimentBuilder
@@ -29,7 +28,7 @@ def build_runner(c: Any, spec: Any, rank: int) -> EnvRunner:
 
 
 @register_algorithm("ppo_env", PPOEnvConfig)
-def wire(builder: ExperimentBuilder, bus: EventBus) -> BaseTrainer:
+def wire(builder: ExperimentBuilder) -> AlgorithmPlan:
     """Env runners -> learner for PPO on a gymnasium env (no reward workers: envs reward)."""
     from toolbox.actors.env_runner import EnvRunnerWorker
     from toolbox.actors.roles import EnvLearnerGroup, EnvRunnerGroup
@@ -39,11 +38,12 @@ def wire(builder: ExperimentBuilder, bus: EventBus) -> BaseTrainer:
 
     c, algo = builder.cfg, builder.algorithm(PPOEnvConfig)
     spec = check_env(c.env)  # spaces checked (and made plain numbers) before any actor starts
-    runners = EnvRunnerGroup(builder.group(
-        "env", EnvRunnerWorker, c.env.num_workers, lambda r: dict(rank=r, build=partial(build_runner, c, spec)),
-        c.env.timeout_s, c.env.cpus_per_worker, 0.0,
-    ))
-    learner = EnvLearnerGroup(builder.learner_group(partial(PPOEnvLearner, spec, algo, c.learner, c.trainer.total_steps)))
+    runners = Workers(EnvRunnerWorker, c.env.num_workers, lambda r: dict(rank=r, build=partial(build_runner, c, spec)),
+                      c.env.timeout_s, c.env.cpus_per_worker)
     steps_per_step = c.env.num_workers * c.env.num_envs * algo.steps_per_env
-    return PPOEnvTrainer(builder.trainer_config(), bus, algo, runners, learner, builder.run_dir, steps_per_step,
-                         c.experiment)
+    return AlgorithmPlan(
+        LearnerPlan(partial(PPOEnvLearner, spec, algo, c.learner, c.trainer.total_steps), EnvLearnerGroup),
+        lambda groups, bus: PPOEnvTrainer(builder.trainer_config(), bus, algo, groups["env"], groups["learner"],
+                                          builder.run_dir, steps_per_step, c.experiment),
+        (RolePlan("env", EnvRunnerGroup, runners),),
+    )

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from toolbox.algorithms.base import offline_wiring
+from toolbox.algorithms.base import offline_plan
+from toolbox.algorithms.plan import AlgorithmPlan
 from toolbox.algorithms.sft.config import SFTConfig
 from toolbox.config.algorithm import register_algorithm
-from toolbox.core.events import EventBus
-from toolbox.trainers.base import BaseTrainer
 
 if TYPE_CHECKING:
     from toolbox.driver.experiment import ExperimentBuilder
 
 
 @register_algorithm("sft", SFTConfig)
-def wire(builder: ExperimentBuilder, bus: EventBus) -> BaseTrainer:
+def wire(builder: ExperimentBuilder) -> AlgorithmPlan:
     """SFT on a JSONL file or a built-in task's prompt/answer pairs; the summary tracks the loss."""
     from toolbox.algorithms.sft.learner import SFTLearner
 
-    return offline_wiring(builder, bus, SFTLearner, ("loss",))
+    return offline_plan(builder, SFTLearner, ("loss",))

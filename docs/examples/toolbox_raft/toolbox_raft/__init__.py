@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from toolbox.algorithms import register_algorithm
-from toolbox.core.events import EventBus
-from toolbox.trainers.base import BaseTrainer
+from toolbox.algorithms import AlgorithmPlan, register_algorithm
 
 from toolbox_raft.config import RaftConfig
 
@@ -25,17 +23,22 @@ __all__ = ["RaftConfig", "wire"]
 
 
 @register_algorithm("raft", RaftConfig)
-def wire(builder: ExperimentBuilder, bus: EventBus) -> BaseTrainer:
+def wire(builder: ExperimentBuilder) -> AlgorithmPlan:
     """Rollout workers, reward workers and RAFT learner ranks, driven by `RaftTrainer`."""
     # Ray and torch-heavy imports stay inside the wiring: importing the plugin (which every
     # registry lookup does) must stay cheap and must not need Ray.
-    from toolbox.algorithms.base import policy_roles
+    from toolbox.algorithms.base import PolicyRoles, policy_plan
+    from toolbox.core.events import EventBus
 
     from toolbox_raft.learner import RaftLearner
     from toolbox_raft.loop import RaftTrainer
 
     c, algo = builder.cfg, builder.algorithm(RaftConfig)
-    # The learner is built inside each rank's actor, after its process group exists: pass the class.
-    roles = policy_roles(builder, RaftLearner, algo)
-    return RaftTrainer(builder.trainer_config(), bus, algo, c.rollout.sampling, roles.prompts, roles.rollout,
-                       roles.reward, roles.learner, builder.run_dir, c.experiment)
+
+    def loop(roles: PolicyRoles, bus: EventBus) -> RaftTrainer:
+        return RaftTrainer(builder.trainer_config(), bus, algo, c.rollout.sampling, roles.prompts, roles.rollout,
+                           roles.reward, roles.learner, builder.run_dir, c.experiment)
+
+    # The learner is built inside each rank's actor, after its process group exists: pass the class. The plan
+    # starts nothing: the builder starts the groups, opens the weight sync and then calls `loop`.
+    return policy_plan(builder, RaftLearner, algo, loop)
