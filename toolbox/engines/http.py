@@ -31,14 +31,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_serializer, field_validator
 
 from toolbox.core.errors import ConfigError
 from toolbox.core.retry import RetryPolicy
@@ -49,177 +45,25 @@ from toolbox.engines.common import (
     call_rng,
     finish_code,
     request_seeds,
-    tensor_bytes,
+)
+from toolbox.engines.http_config import HTTPEngineConfig
+from toolbox.engines.http_server import (
+    PushFailedError,
+    ServerInfo,
+    ServerUnreachableError,
+    http_request,
+    probe_server,
+    safetensors_payload,
+    snippet,
+    stale_weights_message,
 )
 from toolbox.models.loading import load_tokenizer
 from toolbox.rl.batch import FINISH_STOP, PromptRequest, RolloutBatch
-from toolbox.rl.weights import WeightBucket, unpack_all
+from toolbox.rl.weights import WeightBucket
 
 log = logging.getLogger(__name__)
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's spelling of a token under return_tokens_as_token_ids
-PROBE_TIMEOUT_S = 10.0  # the info probe is tiny; do not wait the completion timeout for it
 BUSY_FIRST_PAUSE_S, BUSY_MAX_PAUSE_S = 0.05, 1.0  # between tries of a request a busy server refused (429)
-NO_KEY = "EMPTY"  # the placeholder key local servers accept: not a secret
-MASK = "**********"  # what a saved config shows in place of a real key
-
-
-class HTTPEngineConfig(BaseModel):
-    """Options of the ``http`` engine (an OpenAI-compatible completions server)."""
-
-    model_config = ConfigDict(extra="forbid")
-    base_url: str = Field(default="http://127.0.0.1:8000/v1", description="Server URL up to and including /v1.")
-    api_key: SecretStr = Field(default=SecretStr(NO_KEY), description="Bearer token (default EMPTY: local vLLM/SGLang "
-                               "servers accept any value). Kept secret: config.yaml, `toolbox config` and trackers show it masked, "
-                               "so a run resumed from its config.yaml needs the key again; prefer api_key_env.")
-    api_key_env: str = Field(
-        default="", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$",
-        description="Name of the environment variable (on the rollout workers) holding the API key; set: it "
-        "replaces api_key (toolbox serve's is TOOLBOX_SERVE_API_KEY).",
-    )
-    model: str = Field(default="", description="Model name the server serves; empty: the model path.")
-    timeout_s: float = Field(default=600.0, gt=0.0,
-                             description="Seconds one completion request (or one weight upload) may take.")
-    max_concurrency: int = Field(default=32, ge=1, description="Completion requests in flight at once.")
-    max_retries: int = Field(default=2, ge=0, description="Retries of a failed request (no connection, a timeout, a "
-                             "408 or 5xx answer), by the one retry policy; a 429 (busy) is waited out until timeout_s.")
-    server_token_ids: bool = Field(
-        default=True,
-        description="Ask the server for the sampled token ids (see token_ids_field) so text need not be "
-        "re-tokenized; turn off for a server that rejects unknown request fields.",
-    )
-    token_ids_field: Literal["return_token_ids", "return_tokens_as_token_ids"] = Field(
-        default="return_token_ids",
-        description="Request field that asks for token ids: return_token_ids (toolbox serve, recent vLLM: "
-        "choices[].token_ids) or return_tokens_as_token_ids (older vLLM: tokens spelled token_id:N).",
-    )
-    n_per_prompt: bool = Field(
-        default=True,
-        description="Ask for the samples of one prompt (a GRPO group) in one request with n (independent choices; "
-        "toolbox serve seeds choice i with seed + i); off: one request per sample, for servers that reject n > 1 with log-probs.",
-    )
-    seeded: bool = Field(
-        default=True, description="Send each request its own seed (reproducible where the server honours it)."
-    )
-    push_weights: bool = Field(
-        default=True,
-        description="Push the learner's weights to a server that advertises toolbox's weight-update endpoint "
-        "(GET <base_url>/toolbox/info); off: treat it like any other server.",
-    )
-    admin_token_env: str = Field(
-        default="TOOLBOX_SERVE_ADMIN_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
-        description="Name of the environment variable (on the rollout workers) holding the server's admin "
-        "token for weight pushes; never the token itself.",
-    )
-    allow_stale_weights: bool = Field(
-        default=False,
-        description="Let update_weights return without loading when the server cannot take weights (the "
-        "server keeps its own): only for sampling from a fixed policy.",
-    )
-
-    @field_validator("api_key")
-    @classmethod
-    def _not_the_mask(cls, key: SecretStr) -> SecretStr:
-        if key.get_secret_value() == MASK:
-            raise ValueError("this is the mask a saved config shows in place of the key, not a key: put the key in "
-                             "an environment variable and set rollout.engine.api_key_env to its name")
-        return key
-
-    @field_serializer("api_key", when_used="json")
-    def _masked(self, key: SecretStr) -> str:
-        """The key as config.yaml and `toolbox config` show it: masked (the placeholder ``EMPTY`` is no secret)."""
-        return NO_KEY if key.get_secret_value() == NO_KEY else MASK
-
-    def training_problem(self, probe: bool = False) -> str:
-        """Why a training run (which must load the learner's weights into the server every step) cannot use this
-        engine; empty when it can or cannot be told. ``probe``: also ask the server (`probe_server`); a server
-        that does not answer, or refuses the request's key, cannot be told (the rollout worker asks again)."""
-        if self.allow_stale_weights:
-            return ""
-        if not self.push_weights:
-            return "rollout.engine.push_weights is false"
-        if not probe:
-            return ""
-        key = os.environ.get(self.api_key_env, "") if self.api_key_env else self.api_key.get_secret_value()
-        try:
-            info = probe_server(self.base_url, key)
-        except ServerUnreachableError:
-            return ""
-        if info.ours and not info.weight_update:
-            return f"{info.note}: start toolbox serve with TOOLBOX_SERVE_ADMIN_TOKEN set"
-        return "" if info.ours or info.status in (401, 403) else info.note
-
-    def check_training(self, probe: bool = False) -> None:
-        """`ConfigError` naming the fix when a training run cannot load its weights into the server."""
-        problem = self.training_problem(probe)
-        if problem:
-            raise ConfigError(f"rollout.engine: {stale_weights_message(self.base_url, problem)}")
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    """What ``GET <base_url>/toolbox/info`` said. ``ours`` is False for any other server; ``note`` says why."""
-
-    ours: bool
-    weight_update: bool = False
-    model: str = ""
-    note: str = ""
-    status: int = 200
-
-
-class ServerUnreachableError(RuntimeError):
-    """The server did not answer at all (refused connection, timeout, DNS)."""
-
-
-class PushFailedError(RuntimeError):
-    """A weight push answered with a status worth sending it again for (408, 5xx)."""
-
-    def __init__(self, status: int, body: bytes) -> None:
-        super().__init__(f"status {status}: {_snippet(body)}")
-        self.status, self.body = status, body
-
-
-def _http(url: str, *, method: str = "GET", headers: dict[str, str] | None = None, body: bytes | None = None,
-          timeout_s: float = PROBE_TIMEOUT_S) -> tuple[int, bytes]:
-    """One request with the standard library; returns (status, body) for any HTTP answer, 4xx/5xx included.
-
-    A connection failure raises `ServerUnreachableError`. Nothing about the request's headers is logged.
-    """
-    request = urllib.request.Request(url, data=body, headers=headers or {}, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - http(s) URL from config
-            return int(response.status), response.read()
-    except urllib.error.HTTPError as err:
-        return int(err.code), err.read()
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        raise ServerUnreachableError(f"{method} {url}: no answer ({reason})") from None
-
-
-def probe_server(base_url: str, api_key: str, timeout_s: float = PROBE_TIMEOUT_S) -> ServerInfo:
-    """Ask whether ``base_url`` is a `toolbox serve` server and whether it takes weight pushes.
-
-    Any answer other than 200 with toolbox's info JSON (404 from vLLM, 501 from a bare server, 401 from a
-    server that wants another key) means "not ours", with the reason kept in ``note`` for the refusal
-    message. A server that does not answer at all raises `ServerUnreachableError`.
-    """
-    url = f"{base_url.rstrip('/')}/toolbox/info"
-    status, body = _http(url, headers={"Authorization": f"Bearer {api_key}"}, timeout_s=timeout_s)
-    if status != 200:
-        return ServerInfo(ours=False, note=f"GET {url} answered {status}", status=status)
-    try:
-        info = json.loads(body)
-        return ServerInfo(ours=True, weight_update=info["weight_update"] is True, model=str(info.get("model", "")),
-                          note=f"GET {url}: weight_update={info['weight_update']!r}")
-    except (ValueError, KeyError, TypeError):
-        return ServerInfo(ours=False, note=f"GET {url} answered 200 but not toolbox's info JSON: {_snippet(body)}")
-
-
-def stale_weights_message(base_url: str, why: str) -> str:
-    """Why training cannot use the server at ``base_url`` (``why``), and the ways out."""
-    return (f"the http engine's server at {base_url} does not take the learner's weight updates ({why}), so "
-            "training would keep sampling from a stale policy. Serve the model with toolbox serve "
-            "(TOOLBOX_SERVE_ADMIN_TOKEN set on the server and the rollout workers), use the vllm or sglang engine, "
-            "or set rollout.engine.allow_stale_weights: true to sample from a fixed policy on purpose")
 
 
 def prompt_rows(requests: list[PromptRequest]) -> list[list[int]]:
@@ -239,28 +83,6 @@ def request_failed(err: BaseException) -> bool:
     if isinstance(err, openai.APIConnectionError):
         return True
     return isinstance(err, openai.APIStatusError) and (err.status_code == 408 or err.status_code >= 500)
-
-
-def _snippet(body: bytes, limit: int = 300) -> str:
-    return body[:limit].decode("utf-8", "replace")
-
-
-def safetensors_payload(buckets: list[WeightBucket]) -> tuple[bytes, int, int]:
-    """The buckets' tensors as one safetensors file: (bytes, tensor count, tensor bytes).
-
-    Tensors that share memory (tied embeddings exported from one process) are cloned, since
-    safetensors refuses to save aliases; everything else is serialized straight from the bucket views.
-    """
-    from safetensors.torch import save
-
-    state = unpack_all(buckets)
-    seen: set[int] = set()
-    for name, tensor in state.items():
-        ptr = tensor.untyped_storage().data_ptr() if tensor.numel() else 0
-        if ptr and ptr in seen:
-            state[name] = tensor.clone()
-        seen.add(ptr)
-    return save(state), len(state), tensor_bytes(state.values())
 
 
 @ENGINES.register("http", config=HTTPEngineConfig)
@@ -420,7 +242,7 @@ class HTTPEngine:
         headers = {"Authorization": f"Bearer {self._admin_token()}", "Content-Type": "application/octet-stream"}
 
         def post() -> tuple[int, bytes]:
-            status, body = _http(url, method="POST", headers=headers, body=payload, timeout_s=self.config.timeout_s)
+            status, body = http_request(url, method="POST", headers=headers, body=payload, timeout_s=self.config.timeout_s)
             if status == 408 or status >= 500:  # the whole state dict again is the same push: safe to repeat
                 raise PushFailedError(status, body)
             return status, body
@@ -433,13 +255,13 @@ class HTTPEngine:
             status, body = err.status, err.body
         if status != 200:
             raise RuntimeError(f"http engine: weight push of {count} tensors to {url} was rejected with status "
-                               f"{status}: {_snippet(body)}")
+                               f"{status}: {snippet(body)}")
         try:
             answer = json.loads(body)
             loaded, version = int(answer["loaded"]), answer.get("version")
         except (ValueError, KeyError, TypeError):
             raise RuntimeError(f"http engine: weight push to {url} answered 200 but not with "
-                               f"{{'loaded': n, 'version': k}}: {_snippet(body)}") from None
+                               f"{{'loaded': n, 'version': k}}: {snippet(body)}") from None
         if loaded != count:
             raise RuntimeError(f"http engine: weight push to {url}: sent {count} tensors, the server loaded {loaded}")
         log.info("http engine: pushed %d tensors (%.1f MB) to %s, server weight version %s",
