@@ -25,7 +25,8 @@ from toolbox.engines.base import SamplingConfig
 from toolbox.objectives.grpo import grpo_loss
 from toolbox.objectives.policy import off_policy_correction, truncated_importance_weights
 from toolbox.rl.batch import PromptRequest
-from toolbox.trainers.online import OnlineTrainer, role_shares
+from toolbox.trainers.measures import role_shares
+from toolbox.trainers.online import OnlineTrainer
 
 # test_grpo's hand case: per-token clipped loss [[-1.3, -0.5, (masked)], [1.5, 0.8, 1.2]], 5 tokens in the mask.
 OLD_BT = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, -2.2]])

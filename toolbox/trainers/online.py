@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ import torch
 from toolbox.config.schema import TrainerConfig
 from toolbox.core.events import Event, EventBus
 from toolbox.core.pending import Pending, wait
-from toolbox.data.prompts import PromptSource, split_even, split_groups
+from toolbox.data.prompts import PromptSource, split_groups
 from toolbox.engines.base import SamplingConfig
 from toolbox.learner.throughput import step_rates
 from toolbox.rewards.base import RewardResult
@@ -49,44 +48,13 @@ from toolbox.rl.roles import (
     StatefulRole,
 )
 from toolbox.rl.sampling import DynamicRounds, GroupShape, choose_groups, informative_groups
-from toolbox.tracing.entries import StepSamples, TraceRequest
+from toolbox.tracing.entries import TraceRequest
 from toolbox.trainers.base import BaseTrainer
 from toolbox.trainers.healing import step_with_restarts, with_restarts
+from toolbox.trainers.measures import greedy_reward, mean_over_ranks, role_shares
+from toolbox.trainers.step_calls import Round, StepCalls
 
 log = logging.getLogger(__name__)
-
-
-def mean_over_ranks(per_rank: list[Metrics]) -> Metrics:
-    keys = per_rank[0].keys()
-    return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
-
-
-@dataclass
-class Round:
-    """One sampling round of a step in flight: its batch and rewards, the shards it sent, and the policy version
-    (learner steps done) whose weights the rollout workers hold when it runs."""
-
-    batches: Pending[RolloutBatch]
-    rewards: Pending[RewardResult]
-    shards: list[list[PromptRequest]]
-    version: int
-
-
-@dataclass
-class StepCalls:
-    """One step's calls in flight: its batches and rewards (with DAPO's rounds and the rows they sampled), the
-    policy version that sampled its first round, its update, the samples it records, its weight export and the
-    older weight loads its wait takes in."""
-
-    batches: Pending[RolloutBatch]
-    rewards: Pending[RewardResult]
-    rounds: list[dict[int, bool]]
-    rows: int
-    version: int
-    update: Pending[Metrics]
-    samples: list[Pending[StepSamples | None]]
-    weights: list[Pending[list]]
-    due: list[Pending[float]]
 
 
 class OnlineTrainer(BaseTrainer):
@@ -320,30 +288,6 @@ class OnlineTrainer(BaseTrainer):
         self.loads.clear()
         if self.cfg.export:
             self.learner.export_hf(str(self.run_dir / "hf"))
-
-
-def greedy_reward(prompts: PromptSource, rollout: RolloutRole, reward: RewardRole, sampling: SamplingConfig,
-                  num_prompts: int) -> Metrics:
-    """Mean reward of greedy completions of ``num_prompts`` held-out prompts (the loops' evaluation)."""
-    greedy = sampling.model_copy(update={"temperature": 0.0})
-    requests = prompts.eval_set(num_prompts)
-    scored = reward.score(rollout.generate(split_even(requests, len(rollout)), greedy))
-    return {"reward": RewardResult.concat(scored.result()).metrics()["reward"]}
-
-
-def role_shares(metrics: Metrics, staleness: int) -> Metrics:
-    """``staleness`` of the step's batch (learner steps between the weights that sampled its first round and the
-    learner's), and the share of the step's wall time (``driver_wait_s``) each role was idle: rollout workers busy
-    for the batch's generation plus the weight load (``generate_s + sync_s``), learner ranks for ``train_s``. With
-    ``max_staleness > 0`` the batch was (mostly) generated during the step before, so the rollout share is exact in
-    the steady state, where every step generates one batch."""
-    shares = {"staleness": float(staleness)}
-    window = metrics["driver_wait_s"]
-    if "generate_s" in metrics:
-        shares["rollout_idle"] = max(0.0, 1.0 - (metrics["generate_s"] + metrics["sync_s"]) / window)
-    if "train_s" in metrics:
-        shares["learner_idle"] = max(0.0, 1.0 - metrics["train_s"] / window)
-    return shares
 
 
 def _informative(rewards: Pending[RewardResult], shards: list[list[PromptRequest]]) -> dict[int, bool]:

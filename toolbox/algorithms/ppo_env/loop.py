@@ -18,7 +18,7 @@ from toolbox.core.events import Event, EventBus
 from toolbox.core.pending import Pending, wait
 from toolbox.rl.roles import CheckpointRole, EnvLearnerRole, EnvRunnerRole, StatefulRole
 from toolbox.trainers.base import BaseTrainer
-from toolbox.trainers.online import mean_over_ranks
+from toolbox.trainers.measures import mean_over_ranks
 
 EVAL_SEED_BASE = 10**9  # evaluation seeds sit far above the training envs' (seed * 10**5 + rank * 10**3 + i)
 

@@ -18,7 +18,7 @@ from toolbox.data.prompts import PromptSource, split_groups
 from toolbox.engines.base import SamplingConfig
 from toolbox.rl.roles import Metrics, PolicyLearnerRole, RewardRole, RolloutRole, StatefulRole
 from toolbox.trainers.base import BaseTrainer
-from toolbox.trainers.online import greedy_reward, mean_over_ranks
+from toolbox.trainers.measures import greedy_reward, mean_over_ranks
 
 from toolbox_raft.config import RaftConfig
 
