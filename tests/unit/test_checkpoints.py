@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from toolbox.config import load_config
-from toolbox.config.schema import TrainerConfig
+from toolbox.config.trainer import TrainerConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.events import EventBus
 from toolbox.learner.config import OptimConfig

@@ -12,7 +12,8 @@ from toolbox.actors.roles import PolicyLearnerGroup, RewardGroup, RolloutGroup
 from toolbox.actors.rollout import RolloutWorker
 
 from tests.unit.test_trainer import ALGO, CharTokenizer, FakeLearner, FakeReward
-from toolbox.config.schema import ExperimentConfig, TrainerConfig
+from toolbox.config.schema import ExperimentConfig
+from toolbox.config.trainer import TrainerConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.events import EventBus
 from toolbox.data.prompts import PromptSource

@@ -18,7 +18,7 @@ from tests.unit.test_trainer import FakeLearner, make_trainer
 from toolbox.commands.export import export_checkpoint, find_source, main
 from toolbox.config import load_config
 from toolbox.config.loader import dump_config
-from toolbox.config.schema import TrainerConfig
+from toolbox.config.trainer import TrainerConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.events import EventBus
 from toolbox.learner.config import LearnerConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from toolbox.config import load_config
-from toolbox.config.schema import TrainerConfig
+from toolbox.config.trainer import TrainerConfig
 from toolbox.core.errors import ConfigError
 from toolbox.driver.placement import trial_bundles
 from toolbox.driver.preflight import check_run_root_shared

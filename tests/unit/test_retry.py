@@ -9,7 +9,7 @@ import pickle
 import torch
 from toolbox.actors.rollout import split_rows
 
-from toolbox.config.schema import TrainerConfig
+from toolbox.config.trainer import TrainerConfig
 from toolbox.core.events import EventBus
 from toolbox.core.retry import RetryPolicy, take_retries, transient
 from toolbox.rewards.base import RewardResult

@@ -121,7 +121,7 @@ class FakeTrainer:
     """What `step_with_restarts` uses of an `OnlineTrainer`: roles that count restarts, a checkpoint to resume."""
 
     def __init__(self, run_dir: Path, can_restart: bool) -> None:
-        from toolbox.config.schema import TrainerConfig
+        from toolbox.config.trainer import TrainerConfig
 
         self.cfg, self.run_dir = TrainerConfig(), run_dir
         self.rollout, self.reward, self.learner = Counting(2), Counting(), Counting(can_restart=can_restart)

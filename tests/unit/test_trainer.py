@@ -13,7 +13,7 @@ from toolbox.actors.group import LocalGroup
 from toolbox.actors.roles import PolicyLearnerGroup, RewardGroup, RolloutGroup
 
 from toolbox.algorithms.grpo.config import GRPOConfig
-from toolbox.config.schema import TrainerConfig
+from toolbox.config.trainer import TrainerConfig
 from toolbox.core.errors import WorkerError
 from toolbox.core.events import Event, EventBus
 from toolbox.data.prompts import PromptSource

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from toolbox.config import load_config
-from toolbox.config.schema import TrainerConfig
+from toolbox.config.trainer import TrainerConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.events import Event, EventBus
 from toolbox.trainers.base import BaseTrainer

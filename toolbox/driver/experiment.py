@@ -20,7 +20,8 @@ from toolbox.callbacks import CALLBACKS
 from toolbox.callbacks.remote import RemotePublish
 from toolbox.config.algorithm import AlgorithmConfig
 from toolbox.config.loader import dump_config
-from toolbox.config.schema import ExperimentConfig, RolePlacement, TrainerConfig
+from toolbox.config.schema import ExperimentConfig, RolePlacement
+from toolbox.config.trainer import TrainerConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.events import EventBus
 from toolbox.core.storage import RemoteDir, is_remote

@@ -8,7 +8,8 @@ import datetime as dt
 import hashlib
 from pathlib import Path
 
-from toolbox.config.schema import ExperimentConfig, TrainerConfig
+from toolbox.config.schema import ExperimentConfig
+from toolbox.config.trainer import TrainerConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.storage import RemoteDir, is_remote, staging_root
 from toolbox.data.tasks import TASKS

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from toolbox.config.schema import TrainerConfig
+from toolbox.config.trainer import TrainerConfig
 from toolbox.core.events import Event, EventBus
 from toolbox.core.retry import take_retries
 from toolbox.rl.roles import CheckpointRole, StatefulRole

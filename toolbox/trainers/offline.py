@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from toolbox.config.schema import TrainerConfig
+from toolbox.config.trainer import TrainerConfig
 from toolbox.core.events import EventBus
 from toolbox.learner.throughput import step_rates
 from toolbox.rl.roles import CheckpointRole, OfflineLearnerRole

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from toolbox.config.schema import TrainerConfig
+from toolbox.config.trainer import TrainerConfig
 from toolbox.core.events import Event, EventBus
 from toolbox.core.pending import Pending, wait
 from toolbox.data.prompts import PromptSource, split_groups

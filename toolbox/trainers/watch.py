@@ -15,7 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
-from toolbox.config.schema import WatchConfig
+from toolbox.config.trainer import WatchConfig
 from toolbox.core.errors import ConfigError
 
 BEST = "best"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from toolbox.algorithms.ppo_env.config import PPOEnvConfig
-from toolbox.config.schema import TrainerConfig
+from toolbox.config.trainer import TrainerConfig
 from toolbox.core.events import Event, EventBus
 from toolbox.core.pending import Pending, wait
 from toolbox.rl.roles import CheckpointRole, EnvLearnerRole, EnvRunnerRole, StatefulRole

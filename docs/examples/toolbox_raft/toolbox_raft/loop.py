@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from toolbox.config.schema import TrainerConfig
+from toolbox.config.trainer import TrainerConfig
 from toolbox.core.events import EventBus
 from toolbox.core.pending import wait
 from toolbox.data.prompts import PromptSource, split_groups
