@@ -115,3 +115,26 @@ def test_a_profiled_step_leaves_a_trace_per_learner_rank(tmp_path: Path) -> None
     names = {e.get("name", "") for e in trace["traceEvents"]}
     assert any(n.startswith("aten::") for n in names)  # the rank's torch operators were recorded
     assert "Optimizer.step#AdamW.step" in names
+
+
+class Resumable(Scripted):
+    """`Scripted` resumed from ``trainer.resume_from``: the learner's part is its step."""
+
+    def prepare(self) -> int:
+        return self.resume(lambda path: int(Path(path).name.removeprefix("step_")))
+
+
+def test_a_resumed_run_keeps_its_best_checkpoint_and_its_patience(tmp_path: Path) -> None:
+    best_cfg = {"total_steps": 6, "save_every": 2, "eval_every": 2, "keep_best": {"metric": "eval/score"}}
+    Resumable(TrainerConfig(**best_cfg), tmp_path, [1.0] * 8, [0.2, 0.9, 0.4]).fit()  # type: ignore[arg-type]
+    resumed = TrainerConfig(**{**best_cfg, "total_steps": 8,  # type: ignore[arg-type]
+                               "resume_from": str(tmp_path / "checkpoints" / "step_6")})
+    Resumable(resumed, tmp_path, [1.0] * 8, [0.5]).fit()  # 0.5 at step 8: not better than step 4's 0.9
+    best = json.loads((tmp_path / "checkpoints" / "best" / "best.json").read_text())
+    assert best == {"step": 4, "metric": "eval/score", "value": 0.9}
+    losses, stop = [5.0, 4.0, 3.0, 3.5, 3.2, 3.1, 1.0, 1.0], {"metric": "loss", "mode": "min", "patience": 3}
+    first = tmp_path / "stop"
+    Resumable(TrainerConfig(total_steps=4, final_eval=False, early_stop=stop), first, losses, []).fit()  # type: ignore[arg-type]
+    again = TrainerConfig(total_steps=8, final_eval=False, early_stop=stop,  # type: ignore[arg-type]
+                          resume_from=str(first / "checkpoints" / "step_4"))
+    assert Resumable(again, first, losses, []).fit()["steps"] == 6  # as uninterrupted: 3.0 at step 3, then 3 misses

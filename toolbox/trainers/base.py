@@ -100,9 +100,12 @@ class BaseTrainer(ABC):
 
     def maybe_save(self, final: bool = False) -> None:
         if final or self.saves_after(self.step):
+            best = self._becomes_best()  # decided first, so the checkpoint's state knows it is the best
             self.last_checkpoint = self.save(self.step)
             self.bus.emit(Event.CHECKPOINT_SAVED, {"step": self.step, "path": self.last_checkpoint})
-            self._keep_if_best()
+            if self.best is not None and best is not None:
+                path = keep_best(Path(self.last_checkpoint), self.step, self.best.cfg.metric, best)
+                log.info("best checkpoint so far (%s = %.4g): %s", self.best.cfg.metric, best, path)
 
     def _observe(self, source: str, metrics: dict[str, float]) -> None:
         for watch in (self.early_stop, self.best):
@@ -117,13 +120,13 @@ class BaseTrainer(ABC):
                  watch.cfg.metric, watch.best, watch.since_best)
         return True
 
-    def _keep_if_best(self) -> None:
+    def _becomes_best(self) -> float | None:
+        """The watched value when the checkpoint about to be saved is the best so far (noted as such), else None."""
         watch = self.best
         if watch is None or watch.latest is None or not watch.better(watch.latest, self.best_saved):
-            return
+            return None
         self.best_saved = watch.latest
-        path = keep_best(Path(self.last_checkpoint), self.step, watch.cfg.metric, watch.latest)
-        log.info("best checkpoint so far (%s = %.4g): %s", watch.cfg.metric, watch.latest, path)
+        return watch.latest
 
     def evaluates_after(self, done: int) -> bool:
         """Whether the loop evaluates once ``done`` steps are done (every ``trainer.eval_every``, and at the end)."""
@@ -191,12 +194,21 @@ class BaseTrainer(ABC):
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resumed run needs beyond the learner: each stateful role's worker states (extend it with the
-        driver's own running statistics); picklable."""
-        return {"roles": {name: role.states() for name, role in self.stateful_roles().items()}}
+        """What a resumed run needs beyond the learner: each stateful role's worker states, and the watched metrics
+        (early stopping's patience so far, the value of the best checkpoint) (extend it with the driver's own
+        running statistics); picklable."""
+        watches = {"early_stop": self.early_stop and self.early_stop.state(), "keep_best": self.best and
+                   self.best.state(), "best_saved": self.best_saved}
+        return {"roles": {name: role.states() for name, role in self.stateful_roles().items()}, "watches": watches}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned (called by `resume` after the learner is loaded)."""
+        watches = state.get("watches", {})
+        for watch, name in ((self.early_stop, "early_stop"), (self.best, "keep_best")):
+            if watch is not None and watches.get(name):
+                watch.load(watches[name])
+        if self.best is not None and (watches.get("keep_best") or {}).get("metric") == self.best.cfg.metric:
+            self.best_saved = watches["best_saved"]  # a resumed run's best checkpoint is replaced only by a better one
         saved = state.get("roles", {})
         for name, role in self.stateful_roles().items():
             if name in saved:

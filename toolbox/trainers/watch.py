@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from toolbox.config.trainer import WatchConfig
 from toolbox.core.errors import ConfigError
@@ -30,6 +31,15 @@ class MetricWatch:
         self.latest: float | None = None
         self.best: float | None = None
         self.since_best = 0
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this watch: the values seen and the observations since the best."""
+        return {"metric": self.cfg.metric, "latest": self.latest, "best": self.best, "since_best": self.since_best}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Continue from `state` (a resumed run); a watch of another metric starts afresh."""
+        if state.get("metric") == self.cfg.metric:
+            self.latest, self.best, self.since_best = state["latest"], state["best"], state["since_best"]
 
     def better(self, value: float, than: float | None) -> bool:
         if than is None:
