@@ -14,7 +14,7 @@ from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.learner.config import OptimConfig
 from toolbox.learner.optim import build_optimizer, optimizer_step
-from toolbox.learner.optimizers import OPTIMIZERS, param_groups
+from toolbox.learner.optimizers import OPTIMIZERS, check_strategy, param_groups
 
 
 def _model() -> nn.Module:
@@ -125,11 +125,16 @@ def test_a_plugins_optimizer_is_selected_by_name() -> None:
         OPTIMIZERS.unregister("rmsprop_test")
 
 
-def test_adafactor_on_fsdp2_shards_is_refused_at_load() -> None:
-    """Its step fails on FSDP2's DTensor parameters (checked on 2 gloo ranks), so the config says so first."""
+def test_optimizers_that_cannot_step_fsdp2_shards_are_refused_at_load() -> None:
+    """Adafactor's step fails on FSDP2's DTensor parameters (checked on 2 gloo ranks), bitsandbytes' 8-bit AdamW's
+    too (upstream reports), so the config says so first."""
     with pytest.raises(ConfigError, match=r"learner.optim.name: 'adafactor' cannot run with learner.strategy fsdp2: "
                                           r".*use learner.strategy ddp \(or single\)"):
         load_config(["experiment=grpo_tiny_fsdp2", "learner.optim.name=adafactor"])
     with pytest.raises(ConfigError, match=r"learner.critic_optim.name: 'adafactor' cannot run with learner.strategy"):
         load_config(["experiment=ppo_tiny", "learner.strategy=fsdp2", "learner.critic_optim={name: adafactor}"])
     assert load_config(["learner.strategy=ddp", "learner.optim.name=adafactor"]).learner.optim.name == "adafactor"
+    with pytest.raises(ConfigError, match=r"^learner.optim.name: 'adamw_8bit' cannot run with learner.strategy fsdp2: "
+                                          r"bitsandbytes' kernels take plain tensors"):
+        check_strategy("adamw_8bit", "fsdp2", "learner.optim.name")  # (bitsandbytes is not installed here)
+    check_strategy("adamw_8bit", "ddp", "learner.optim.name")

@@ -26,7 +26,9 @@ NEEDS: dict[str, tuple[str, str]] = {"adamw_8bit": ("bitsandbytes", "pip install
 # Optimizers whose step cannot run on FSDP2's sharded parameters (DTensor), and why.
 NOT_SHARDED: dict[str, str] = {
     "adafactor": "its factored second moments are row and column means of whole matrices, kept as plain tensors "
-                 "beside FSDP2's sharded ones (the step fails: 'got mixed torch.Tensor and DTensor')"}
+                 "beside FSDP2's sharded ones (the step fails: 'got mixed torch.Tensor and DTensor')",
+    "adamw_8bit": "bitsandbytes' kernels take plain tensors and allocate state like the parameter, not FSDP2's "
+                  "DTensor shards (reported upstream as illegal memory accesses)"}
 
 
 def param_groups(model: nn.Module, o: OptimConfig) -> Groups:
