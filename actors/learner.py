@@ -55,7 +55,7 @@ class LearnerWorker:
         self.learner: RankLearner | None = None
         self.tokenizer: Any = None  # rank 0 decodes recorded samples with the policy's tokenizer
         self.profiler: RankProfiler | None = None  # trainer.profile_steps
-        self.dims: tuple[int, int, int] | None = None  # the policy's (parameters, layers, width), for the mfu metric
+        self.dims: tuple[float, int, int] | None = None  # the policy's (parameters, layers, width), for the mfu metric
 
     def ready(self) -> dict[str, str]:
         return node_info()

@@ -30,6 +30,9 @@ def test_flops_are_six_n_per_token_plus_attention() -> None:
     wrapped = torch.nn.Module()
     wrapped.module = model  # as DistributedDataParallel holds it
     assert model_dims(wrapped) == (params, 2, 32)
+    embed = model.get_input_embeddings().weight
+    embed.requires_grad_(False)  # frozen (as LoRA's base weights are): 4 FLOPs per token of 6, no weight gradient
+    assert model_dims(model)[0] == pytest.approx(params - embed.numel() / 3)
     assert train_flops((params, layers, width), tokens=10, mean_len=5) == 10 * (6 * params + 12 * 2 * 32 * 5)
 
 

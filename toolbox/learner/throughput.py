@@ -29,17 +29,19 @@ def peak_flops(device: torch.device | str, tflops: float = 0.0) -> float | None:
     return next((t * 1e12 for key, t in PEAK_BF16_TFLOPS if key in name), None)
 
 
-def model_dims(model: torch.nn.Module) -> tuple[int, int, int]:
+def model_dims(model: torch.nn.Module) -> tuple[float, int, int]:
     """(parameters, layers, width) of a (possibly wrapped or sharded) causal LM; layers and width 0 where its
-    config does not say (no attention term)."""
-    params = sum(p.numel() for p in model.parameters())
+    config does not say (no attention term). A frozen parameter (LoRA's base weights) counts for 2/3: its backward
+    computes its input's gradient but not its own, 4 of the 6 FLOPs per token."""
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     config: Any = getattr(getattr(model, "module", model), "config", None)  # DDP wraps the model as .module
     layers = int(getattr(config, "num_hidden_layers", 0) or 0)
     width = int(getattr(config, "hidden_size", 0) or 0)
-    return params, layers, width
+    return trained + frozen * 2 / 3, layers, width
 
 
-def train_flops(dims: tuple[int, int, int], tokens: float, mean_len: float) -> float:
+def train_flops(dims: tuple[float, int, int], tokens: float, mean_len: float) -> float:
     """Model FLOPs of a forward and backward pass over ``tokens`` tokens of sequences ``mean_len`` long."""
     params, layers, width = dims
     return tokens * (6.0 * params + 12.0 * layers * width * mean_len)
