@@ -173,8 +173,9 @@ def tables(machine: dict[str, float], results: list[dict[str, Any]]) -> list[Any
         rows = []
         for phase in (*PHASES, "step"):
             frac = r["fraction"].get(phase)
+            unmeasured = "no roof" if not r["bound_s"].get(phase) else "not timed"  # a sync no step waited for
             rows.append([phase, f"{r['measured_s'][phase]:.4f}", f"{r['bound_s'][phase]:.4f}",
-                         "no roof" if frac is None else f"{frac:.2f}"])
+                         unmeasured if frac is None else f"{frac:.2f}"])
         w = r["work"]
         out.append(Table(f"{r['model']} ({r['params'] / 1e6:.1f}M parameters): GRPO step against its roofline, "
                          f"{w['rows']} rows x {w['new_tokens']:.0f} new tokens after {w['prompt_len']:.0f} prompt "
