@@ -61,3 +61,20 @@ def test_the_profile_names_the_op_that_dominates() -> None:
     a = torch.randn(256, 256)
     ops = top_ops(lambda: a @ a @ a, threads=1)
     assert ops[0][0] == "aten::mm" and ops[0][2] == "2"
+
+
+def test_tables_show_both_roofs_and_an_untimed_sync() -> None:
+    from toolbox.bench.roofline import tables
+
+    phases = ("generate", "score", "train", "sync", "step")
+    result = {"model": "medium", "params": 25e6, "profile": {}, "settings": "s",
+              "work": {"rows": 8, "new_tokens": 64.0, "prompt_len": 4.0, "rows_per_call": 32},
+              "measured_s": dict(zip(phases, (1.0, 0.01, 1.5, 0.0, 1.5))),
+              "bound_s": dict(zip(phases, (0.05, 0.0, 0.15, 0.001, 0.2))),
+              "fraction": dict(zip(phases, (0.05, None, 0.1, None, 0.13))),
+              "fraction_fp32": dict(zip(phases, (0.2, None, 0.45, None, 0.55)))}
+    machine = {"bytes_per_s": 3.7e10, "gemm_fp32": 1.3e11, "gemm_bf16": 6e11}
+    step = tables(machine, [result])[1]
+    rows = {row[0]: row for row in step.rows}
+    assert rows["score"][3] == "no roof" and rows["sync"][3] == "not timed"
+    assert rows["step"][3:] == ["0.13", "0.55"] and rows["score"][4] == "-"

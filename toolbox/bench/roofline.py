@@ -12,7 +12,8 @@ must read and compute). ``medium`` is the random 25M-parameter Qwen2 (`toolbox.b
 SmolLM2-135M-Instruct from the model catalog (skipped, saying so, when it is not there), ``small`` the 4M one.
 
 The fraction is bound over measured time (1.0: at the roof); the last lines are ``MODEL roofline fraction X.XX``,
-the whole step's.
+the whole step's, against the faster GEMM roof, then in parentheses against the fp32 one: the roof of a run that
+computes in fp32 (``learner.mixed_precision: fp32`` and an fp32 engine, the defaults on a CPU).
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def step_work(history: list[dict[str, float]], size: ModelSize, steps_per_genera
                     sync_bytes=size.traffic.weight_bytes / steps_per_generation)
 
 
-def run_model(name: str, args: argparse.Namespace, machine: Machine, root: str) -> dict[str, Any] | None:
+def run_model(name: str, args: argparse.Namespace, machine: Machine, fp32: Machine,
+              root: str) -> dict[str, Any] | None:
     """One model's GRPO run against its bounds; ``None`` (said) when SmolLM2 is not on this machine."""
     from toolbox.bench._grpo_run import run_experiment
     from toolbox.bench._grpo_vs_trl import BEST_2CPU, toolbox_overrides, workload
@@ -100,7 +102,7 @@ def run_model(name: str, args: argparse.Namespace, machine: Machine, root: str) 
     size = model_size(work.model_dir)
     steps_per_call = cfg.rollout.steps_per_generation
     work_step = step_work(timed, size, steps_per_call, cfg.learner.micro_batch_size)
-    bound = bounds(machine, size, work_step)
+    bound, bound_fp32 = bounds(machine, size, work_step), bounds(fp32, size, work_step)
     # A sync happens once a block: its seconds (the step waiting for it reports them) shared by the block's steps.
     measured = {phase: fmean(m[key] for m in timed) for phase, key in PHASES.items()}
     measured["step"] = fmean(m["step_time_s"] for m in timed)
@@ -108,7 +110,7 @@ def run_model(name: str, args: argparse.Namespace, machine: Machine, root: str) 
                               cfg.learner.torch_threads) if args.profile else {}
     return {"model": name, "params": size.params, "weight_bytes": size.traffic.weight_bytes, "profile": profiled,
             "work": vars(work_step), "measured_s": measured, "bound_s": bound,
-            "fraction": fractions(bound, measured), "settings": run.settings, "load": os.getloadavg()[0]}
+            "fraction": fractions(bound, measured), "fraction_fp32": fractions(bound_fp32, measured), "settings": run.settings, "load": os.getloadavg()[0]}
 
 
 def top_ops(fn: Any, threads: int, count: int = 5) -> list[list[str]]:
@@ -175,15 +177,19 @@ def tables(machine: dict[str, float], results: list[dict[str, Any]]) -> list[Any
             frac = r["fraction"].get(phase)
             unmeasured = "no roof" if not r["bound_s"].get(phase) else "not timed"  # a sync no step waited for
             rows.append([phase, f"{r['measured_s'][phase]:.4f}", f"{r['bound_s'][phase]:.4f}",
-                         unmeasured if frac is None else f"{frac:.2f}"])
+                         unmeasured if frac is None else f"{frac:.2f}", _fraction(r["fraction_fp32"].get(phase))])
         w = r["work"]
         out.append(Table(f"{r['model']} ({r['params'] / 1e6:.1f}M parameters): GRPO step against its roofline, "
                          f"{w['rows']} rows x {w['new_tokens']:.0f} new tokens after {w['prompt_len']:.0f} prompt "
                          f"tokens, decode batch {w['rows_per_call']}; {r['settings']}",
-                         ["phase", "measured s a step", "bound s a step", "fraction"], rows))
+                         ["phase", "measured s a step", "bound s a step", "fraction", "of the fp32 roof"], rows))
         out += [Table(f"{r['model']}: where {phase} goes (torch.profiler, one engine call / one micro-batch, self "
                       "CPU time)", ["op", "share", "calls"], ops) for phase, ops in r["profile"].items()]
     return out
+
+
+def _fraction(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -208,15 +214,17 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     roofs = measure_machine(args.gemm)
     machine = Machine(roofs["bytes_per_s"], max(roofs["gemm_fp32"], roofs["gemm_bf16"]))
+    fp32 = Machine(roofs["bytes_per_s"], roofs["gemm_fp32"])  # the roof of a run that computes in fp32
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-roofline-") as root:
         for name in args.models.split(","):
             started = time.perf_counter()
-            result = run_model(name, args, machine, root)
+            result = run_model(name, args, machine, fp32, root)
             if result is not None:
                 results.append({**result, "seconds": time.perf_counter() - started})
     shown = tables(roofs, results)
-    lines = [f"{r['model']} roofline fraction {r['fraction']['step']:.2f}" for r in results]
+    lines = [f"{r['model']} roofline fraction {r['fraction']['step']:.2f} (of the fp32 roof: "
+             f"{_fraction(r['fraction_fp32']['step'])})" for r in results]
     print_tables(shown, [f"load average {os.getloadavg()[0]:.1f}", *lines])
     if args.report:
         write_section(args.report, section("GRPO against its roofline", shown, lines, command_line("roofline", argv)))
