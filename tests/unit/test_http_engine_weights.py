@@ -13,6 +13,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -48,6 +49,22 @@ class FakeServe:
     info_gets: int = 0
     busy: int = 0  # answer this many completions requests 429 (queue full) first
     failing: int = 0  # then this many 503 (a server restarting)
+    slow: int = 0  # then answer this many only after a second (past a short timeout_s)
+
+    def refusal(self) -> tuple[int, dict[str, Any]] | None:
+        """The scripted answer to a completions request instead of its completions (None: complete it, slowly
+        while ``slow`` lasts)."""
+        if self.busy:
+            self.busy -= 1
+            return 429, {"error": {"message": "the server is busy", "type": "rate_limit_error", "param": None,
+                                   "code": "queue_full"}}
+        if self.failing:
+            self.failing -= 1
+            return 503, {"error": {"message": "restarting", "type": "server_error"}}
+        if self.slow:
+            self.slow -= 1
+            time.sleep(1.0)
+        return None
 
 
 def choice(index: int) -> dict[str, Any]:
@@ -88,13 +105,9 @@ def make_handler(state: FakeServe) -> type[BaseHTTPRequestHandler]:
                 loaded = len(load_safetensors(body)) + state.loaded_offset
                 return self._reply(200, {"loaded": loaded, "version": len(state.pushes)})
             request = json.loads(body)
-            if state.busy:
-                state.busy -= 1
-                return self._reply(429, {"error": {"message": "the server is busy", "type": "rate_limit_error",
-                                                   "param": None, "code": "queue_full"}})
-            if state.failing:
-                state.failing -= 1
-                return self._reply(503, {"error": {"message": "restarting", "type": "server_error"}})
+            refusal = state.refusal()
+            if refusal is not None:
+                return self._reply(*refusal)
             state.completions.append(request)
             state.keys.append(self.headers.get("Authorization", ""))
             self._reply(200, {"id": "cmpl-0", "object": "text_completion", "created": 0, "model": "tiny",
@@ -330,3 +343,6 @@ def test_failed_requests_are_retried_by_the_one_policy_and_counted(fake: tuple[F
     with pytest.raises(openai.InternalServerError, match="restarting"):
         engine(tok_dir, url, max_retries=1).generate(GROUPS[:1], SAMPLING)
     assert state.failing == 1 and take_retries() == 1
+    state.failing, state.slow = 0, 1  # a try that timed out still leaves the next its own timeout_s
+    assert len(engine(tok_dir, url, max_retries=1, timeout_s=0.5).generate(GROUPS[:1], SAMPLING)) == 1
+    assert take_retries() == 1

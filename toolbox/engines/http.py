@@ -146,6 +146,12 @@ class HTTPEngine:
         return [self._sample(c, sampling, f"http engine row {row} ({self.config.base_url})")
                 for row, c in zip(rows, choices)]
 
+    def _failed_policy(self) -> RetryPolicy:
+        """How a failed request or push is tried again: ``max_retries`` more times, each try allowed ``timeout_s``
+        (so a timed-out try still leaves time for the next)."""
+        c = self.config
+        return RetryPolicy(attempts=c.max_retries + 1, deadline_s=c.timeout_s * (c.max_retries + 1))
+
     def _create(self, where: str, **request: Any) -> Any:
         """``completions.create`` under the one retry policy (`toolbox.core.retry`; the client itself retries nothing).
 
@@ -155,7 +161,7 @@ class HTTPEngine:
         passed since the first try; then the step fails, naming what to change. Every retry is counted."""
         import openai
 
-        failed = RetryPolicy(attempts=self.config.max_retries + 1, deadline_s=self.config.timeout_s)
+        failed = self._failed_policy()
         busy = RetryPolicy(attempts=10**6, first_pause_s=BUSY_FIRST_PAUSE_S, max_pause_s=BUSY_MAX_PAUSE_S,
                            deadline_s=self.config.timeout_s)  # bounded by the deadline, not a count
 
@@ -247,7 +253,7 @@ class HTTPEngine:
                 raise PushFailedError(status, body)
             return status, body
 
-        policy = RetryPolicy(attempts=self.config.max_retries + 1, deadline_s=self.config.timeout_s)
+        policy = self._failed_policy()
         try:
             status, body = policy.call(post, what="http engine weight push",
                                        retryable=lambda err: isinstance(err, ServerUnreachableError | PushFailedError))
