@@ -57,6 +57,8 @@ def test_a_grpo_run_reports_throughput_and_mfu(tmp_path: Path) -> None:
         assert 0 < m["mfu"] < 1e3
     assert summary["mean_mfu"] == pytest.approx(sum(m["mfu"] for m in trainer.history[1:]) / 2)
     assert "mean_learner_tokens_per_s" in summary and "mean_rollout_tokens_per_s" in summary
+    for phase in ("generate_s", "reward_s", "train_s", "sync_s", "rollout_idle", "learner_idle"):  # the time split
+        assert summary[f"mean_{phase}"] == pytest.approx(sum(m[phase] for m in trainer.history[1:]) / 2)
 
 
 @pytest.mark.parametrize("experiment", ["sft_tiny", "dpo_tiny"])

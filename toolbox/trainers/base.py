@@ -29,7 +29,9 @@ from toolbox.trainers.watch import MetricWatch, keep_best
 
 log = logging.getLogger(__name__)
 TRAINER_STATE = "trainer_state.pt"  # the driver's part of a checkpoint
-THROUGHPUT = ("rollout_tokens_per_s", "learner_tokens_per_s", "mfu")  # step metrics the summary averages
+# Step metrics the summary averages (as mean_NAME): the throughput, and where a step's time went.
+THROUGHPUT = ("rollout_tokens_per_s", "learner_tokens_per_s", "mfu", "generate_s", "reward_s", "train_s", "sync_s",
+              "rollout_idle", "learner_idle")
 
 
 class BaseTrainer(ABC):
