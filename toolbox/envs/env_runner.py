@@ -86,7 +86,10 @@ class EnvRunner:
 
     def __init__(self, env: EnvConfig, policy: PolicyConfig, spec: SpaceSpec, gamma: float, seed: int) -> None:
         self.env_cfg, self.gamma = env, gamma
-        self.model = ActorCritic(spec, policy).eval().requires_grad_(False)
+        # Its initial weights are replaced by the learner's before the first rollout; built on a fork of the global
+        # RNG so that a runner sharing a process with a learner rank (ray.local_mode) leaves that rank's draws alone
+        with torch.random.fork_rng():
+            self.model = ActorCritic(spec, policy).eval().requires_grad_(False)
         self.policy = step_policy(self.model)
         self.envs = make_vector_env(env, env_fns=[partial(fresh_copy, env) for _ in range(env.num_envs)])
         self.generator = torch.Generator().manual_seed(seed)
