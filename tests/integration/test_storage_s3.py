@@ -11,11 +11,13 @@ and writes the model back to it. The runs are in-process (``ray.local_mode``): o
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import s3fs
+import torch
 from moto.server import ThreadedMotoServer
 
 from tests import stopped_runs
@@ -38,6 +40,8 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[s3fs.S3FileSystem]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
+    # moto's state is per process, not per server: each test starts from an empty store
+    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST")).close()
     for name, value in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test",
                         "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(name, value)
@@ -78,3 +82,52 @@ def test_a_run_on_s3_resumes_from_the_bucket_and_exports_to_it(s3: s3fs.S3FileSy
 
     assert export_main([f"s3://{BUCKET}/runs/a", f"s3://{BUCKET}/exports/a"]) == 0
     assert s3.exists(f"{BUCKET}/exports/a/config.json") and s3.exists(f"{BUCKET}/exports/a/model.safetensors")
+
+
+def _rank_writes_and_resumes(rank: int, url: str, out: str) -> None:
+    """Two FSDP2 ranks: one AdamW step, a checkpoint written to ``url``; a fresh model and optimizer loaded from it
+    equal the saved ones, and this rank's RNG state and extra come back."""
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    from toolbox.learner.checkpoint import load_checkpoint, save_checkpoint
+
+    def build() -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 5), nn.Linear(5, 3))  # 5 rows on 2 ranks: uneven shards
+        for layer in model:
+            fully_shard(layer)
+        fully_shard(model)
+        return model, torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    model, optim = build()
+    model(torch.randn(4, 8)).square().mean().backward()
+    optim.step()
+    torch.manual_seed(100 + rank)
+    save_checkpoint(url, model, optim, {"step": 1, "rank": rank})
+    expected_draw = torch.rand(3)
+    saved = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in get_state_dict(model, optim)[0].items()}
+
+    fresh, fresh_optim = build()
+    extra = load_checkpoint(url, fresh, fresh_optim)
+    loaded_sd, loaded_optim = get_state_dict(fresh, fresh_optim)
+    loaded = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in loaded_sd.items()}
+    assert extra == {"step": 1, "rank": rank}, extra
+    assert torch.equal(torch.rand(3), expected_draw)  # this rank's RNG state, restored
+    assert all(torch.equal(loaded[k], saved[k]) for k in saved)
+    assert len(loaded_optim["state"]) == 4  # AdamW's moments of every parameter came back
+    if rank == 0:
+        torch.save(sorted(saved), out)
+
+
+def test_two_ranks_write_a_checkpoint_to_the_bucket_and_resume_from_it(s3: s3fs.S3FileSystem, tmp_path: Path) -> None:
+    """Each gloo rank writes its shards and its own small file straight to the bucket (DCP's fsspec writer) and
+    reads them back (its fsspec reader): no local directory is involved."""
+    from tests.unit.learner_steps import spawn_two_gloo_ranks
+
+    url = f"s3://{BUCKET}/runs/ranks/checkpoints/step_1"
+    spawn_two_gloo_ranks(_rank_writes_and_resumes, url, tmp_path / "names.pt")
+    assert torch.load(tmp_path / "names.pt") == ["0.bias", "0.weight", "1.bias", "1.weight"]
+    names = sorted(p.rsplit("/", 1)[-1] for p in s3.find(f"{BUCKET}/runs/ranks/checkpoints/step_1"))
+    assert names == [".metadata", "__0_0.distcp", "__1_0.distcp", "extra_rank0.pt", "extra_rank1.pt"]

@@ -115,6 +115,12 @@ class RemoteDir:
     def put_file(self, local: Path, rel: str) -> None:
         self._do("put", lambda: self.fs.put_file(str(local), self.path(rel)))
 
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        self._do("put", lambda: self.fs.pipe_file(self.path(rel), data))
+
+    def read_bytes(self, rel: str) -> bytes:
+        return self._do("get", lambda: bytes(self.fs.cat_file(self.path(rel))))
+
     def put_tree(self, local: Path, rel: str, last: str = "") -> int:
         """Upload every file under the local directory ``local`` to ``rel`` (the file named ``last`` after all the
         others); returns how many."""
@@ -138,6 +144,30 @@ class RemoteDir:
         steps = [(int(m.group(1)), name) for name in self.listdir("checkpoints")
                  if (m := re.match(r"^step_(\d+)$", name)) and self.exists(f"checkpoints/{name}/{COMPLETE}")]
         return [name for _, name in sorted(steps)]
+
+
+def join(location: str | Path, *names: str) -> str:
+    """``location/name/...`` for a local path or a URL alike."""
+    return "/".join([str(location).rstrip("/"), *names])
+
+
+def write_file(location: str, name: str, data: bytes, policy: RetryPolicy | None = None) -> None:
+    """The file ``name`` in the directory ``location`` (a path, created, or a URL), written whole."""
+    if is_remote(location):
+        RemoteDir(location, policy).write_bytes(name, data)
+    else:
+        Path(location).mkdir(parents=True, exist_ok=True)
+        (Path(location) / name).write_bytes(data)
+
+
+def read_file(location: str, name: str, policy: RetryPolicy | None = None) -> bytes | None:
+    """The bytes of the file ``name`` in the directory ``location`` (a path or a URL); ``None`` when it is not
+    there."""
+    if not is_remote(location):
+        path = Path(location) / name
+        return path.read_bytes() if path.is_file() else None
+    remote = RemoteDir(location, policy)
+    return remote.read_bytes(name) if remote.exists(name) else None
 
 
 def publish_checkpoint(remote: RemoteDir, local: Path, keep: int) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from toolbox.core.storage import join
 from toolbox.learner.collective import rank
 from toolbox.learner.config import LearnerConfig, OptimConfig
 from toolbox.learner.hf_export import export_state
@@ -111,19 +112,18 @@ class PolicyRank:
             export_state(state, self.source, self.source_dtype, path, self.loader)
         return str(path)
 
-    def save(self, path: str | Path) -> Path:
-        """The policy (with step and schedule) into ``path``, each attached model into ``path/name``."""
-        path = Path(path)
-        self.trained.save(path, {"step": self.step})
+    def save(self, path: str | Path) -> str:
+        """The policy (with step and schedule) into ``path`` (a directory or a URL), each attached model into
+        ``path/name``."""
+        self.trained.save(str(path), {"step": self.step})
         for name, companion in self.companions.items():
-            companion.save(path / name, {})
-        return path
+            companion.save(join(path, name), {})
+        return str(path)
 
     def load(self, path: str | Path) -> int:
         """Restore what `save` wrote; returns the step it was saved at."""
-        path = Path(path)
-        self.step = int(self.trained.load(path)["step"])
+        self.step = int(self.trained.load(str(path))["step"])
         for name, companion in self.companions.items():
-            companion.load(path / name)
+            companion.load(join(path, name))
         return self.step
 
