@@ -75,7 +75,7 @@ def fake_run(tiny_model_dir: Path, run_dir: Path, *overrides: str) -> PolicyRank
     dump_config(cfg, run_dir / "config.yaml")
     policy = trained_policy(tiny_model_dir)
     final = run_dir / "checkpoints" / "step_3"
-    commit(policy.save(begin(final)), final, {"step": 3})  # staged, then marked complete, as trainers save
+    commit(Path(policy.save(begin(final))), final, {"step": 3})  # staged, then marked complete, as trainers save
     return policy
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from toolbox.config import load_config
-from toolbox.config.trainer import TrainerConfig
 from toolbox.core.errors import ConfigError
 from toolbox.driver.placement import trial_bundles
 from toolbox.driver.preflight import check_run_root_shared
@@ -31,15 +30,34 @@ def test_a_bad_placement_names_its_field(override: str, message: str) -> None:
 
 
 def test_a_local_run_root_on_several_nodes_needs_shared_fs() -> None:
-    check_run_root_shared(TrainerConfig(), nodes=1)
-    check_run_root_shared(TrainerConfig(shared_fs=True), nodes=3)
-    with pytest.raises(ConfigError, match=r"the Ray cluster has 3 nodes.*pass trainer.shared_fs=true"):
-        check_run_root_shared(TrainerConfig(run_root="/data/runs"), nodes=3)
+    check_run_root_shared(load_config([]), nodes=1)
+    check_run_root_shared(load_config(["trainer.shared_fs=true"]), nodes=3)
+    with pytest.raises(ConfigError, match=r"^trainer.run_root='/data/runs' is a local path and the Ray cluster has 3 "
+                                          r"nodes: .*pass trainer.shared_fs=true, or use a remote run_root"):
+        check_run_root_shared(load_config(["trainer.run_root=/data/runs"]), nodes=3)
 
 
-def test_a_remote_run_root_on_several_nodes_needs_a_shared_staging_root() -> None:
-    check_run_root_shared(TrainerConfig(run_root="memory://runs", staging_root="/nfs/staging", shared_fs=True), nodes=3)
-    with pytest.raises(ConfigError, match=r"^trainer.run_root='memory://runs' is remote, but the run is staged in "
-                                          r"trainer.staging_root='/scratch' first and the Ray cluster has 2 nodes: .*"
-                                          r"Point staging_root at a filesystem every node mounts"):
-        check_run_root_shared(TrainerConfig(run_root="memory://runs", staging_root="/scratch"), nodes=2)
+REMOTE = ["trainer.run_root=memory://runs", "trainer.staging_root=/scratch"]
+HUB = ["model.tiny=null", "model.path=HuggingFaceTB/SmolLM2-135M-Instruct"]
+
+
+def test_a_remote_run_root_on_several_nodes_needs_no_shared_disk() -> None:
+    """Checkpoints and exports go straight to the store; only what the driver builds on its own disk for the
+    workers, or what they would write beside the staged run, still needs staging_root shared."""
+    check_run_root_shared(load_config([*REMOTE, *HUB]), nodes=3)
+    check_run_root_shared(load_config([*REMOTE, *HUB, "trainer.resume_from=memory://runs/a"]), nodes=3)
+    check_run_root_shared(load_config([*REMOTE, "trainer.shared_fs=true"]), nodes=3)  # a tiny model, shared
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ([], r"^model.tiny: the Ray cluster has 2 nodes and the tiny model is built on the driver's disk, .*"
+         r"trainer.staging_root='/scratch' is not shared\). Put staging_root on a filesystem every node mounts .*"
+         r"or pass a model every node can load"),
+    ([*HUB, "trainer.profile_steps=[1]"], r"^trainer.profile_steps: the Ray cluster has 2 nodes and each learner "
+                                          r"rank writes its trace into its own staging directory"),
+    ([*HUB, "trainer.resume_from=/data/runs/a"], r"^trainer.resume_from: .* the checkpoint is on the driver's disk"),
+])
+def test_a_remote_run_root_on_several_nodes_refuses_what_lives_on_the_drivers_disk(overrides: list[str],
+                                                                                   message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        check_run_root_shared(load_config([*REMOTE, *overrides]), nodes=2)

@@ -1,9 +1,10 @@
 """Remote run storage through fsspec's memory filesystem: which locations are refused at start, the marker
-published last, pruning, resume from a URL, and a whole in-process SFT run published to and resumed from
-``memory://``, exported from and to URLs. (The same against an S3-compatible server: tests/integration/test_storage_s3.py.)"""
+written last, pruning, resume from a URL, and a whole in-process SFT run checkpointed straight to and resumed
+straight from ``memory://``, exported from and to URLs. (The same against an S3-compatible server: tests/integration/test_storage_s3.py.)"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import fsspec
@@ -12,9 +13,16 @@ import pytest
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.core.retry import RetryPolicy, retry_counts, transient
-from toolbox.core.storage import COMPLETE, RemoteDir, check_location, fetch_checkpoint, publish_checkpoint
+from toolbox.core.storage import (
+    COMPLETE,
+    RemoteDir,
+    begin_checkpoint,
+    check_location,
+    commit_checkpoint,
+    fetch_checkpoint,
+)
 from toolbox.driver.experiment import ExperimentBuilder
-from toolbox.trainers.checkpoints import begin, commit, resolve_resume, resume_command
+from toolbox.trainers.checkpoints import resolve_resume, resume_command
 
 
 @pytest.fixture
@@ -26,11 +34,11 @@ def memfs() -> fsspec.AbstractFileSystem:
     return fs
 
 
-def local_checkpoint(run_dir: Path, step: int) -> Path:
-    final = run_dir / "checkpoints" / f"step_{step}"
-    staging = begin(final)
-    (staging / "shard.bin").write_bytes(bytes([step]) * 8)
-    return commit(staging, final, {"step": step})
+def remote_checkpoint(remote: RemoteDir, step: int, keep: int = 0) -> str:
+    """A checkpoint as a run writes it on the store: its files (as the learner ranks would), then the marker."""
+    begin_checkpoint(remote, f"step_{step}")
+    remote.write_bytes(f"checkpoints/step_{step}/shard.bin", bytes([step]) * 8)
+    return commit_checkpoint(remote, f"step_{step}", b"{}", keep)
 
 
 @pytest.mark.parametrize(("value", "message"), [
@@ -52,32 +60,34 @@ def test_a_file_url_is_its_path_not_a_relative_directory() -> None:
         load_config(["trainer.resume_from=zz://a/step_2"])
 
 
-def test_a_checkpoint_is_marked_only_after_every_file(tmp_path: Path, memfs: fsspec.AbstractFileSystem) -> None:
+def test_a_checkpoint_is_marked_only_after_every_file(memfs: fsspec.AbstractFileSystem) -> None:
     remote = RemoteDir("memory://runs/r")
-    written: list[str] = []
-    put = remote.put_file
-    remote.put_file = lambda local, rel: (written.append(rel), put(local, rel))[1]  # type: ignore[method-assign]
-    url = publish_checkpoint(remote, local_checkpoint(tmp_path, 2), keep=2)
-    assert url == "memory://runs/r/checkpoints/step_2"
-    assert written[-1] == f"checkpoints/step_2/{COMPLETE}" and len(written) == 2
+    assert remote_checkpoint(remote, 2, keep=2) == "memory://runs/r/checkpoints/step_2"
+    url = begin_checkpoint(remote, "step_2")  # the same step saved again: unmarked while it is rewritten
+    assert url == "memory://runs/r/checkpoints/step_2" and remote.complete_checkpoints() == []
+    memfs.pipe_file("/runs/r/checkpoints/step_2/shard.bin", b"new")
+    commit_checkpoint(remote, "step_2", b"{}", keep=2)
     for step in (4, 6):
-        publish_checkpoint(remote, local_checkpoint(tmp_path, step), keep=2)
+        remote_checkpoint(remote, step, keep=2)
     assert remote.complete_checkpoints() == ["step_4", "step_6"]
+    assert not memfs.exists("/runs/r/checkpoints/step_2")  # pruned
 
 
 def test_resume_takes_the_newest_complete_remote_checkpoint(tmp_path: Path, memfs: fsspec.AbstractFileSystem) -> None:
     remote = RemoteDir("memory://runs/r")
     for step in (2, 4):
-        publish_checkpoint(remote, local_checkpoint(tmp_path / "old", step), keep=0)
-    memfs.pipe_file("/runs/r/checkpoints/step_6/shard.bin", b"half")  # an upload cut short: no marker
+        remote_checkpoint(remote, step)
+    memfs.pipe_file("/runs/r/checkpoints/step_6/shard.bin", b"half")  # a save cut short: no marker
     here = tmp_path / "new"
-    assert resolve_resume("auto", here, remote) == str(here / "checkpoints" / "step_4")
-    assert (here / "checkpoints" / "step_4" / "shard.bin").read_bytes() == bytes([4]) * 8
-    assert resolve_resume("memory://runs/r/checkpoints/step_2", here) == str(here / "checkpoints" / "step_2")
+    assert resolve_resume("auto", here, remote) == "memory://runs/r/checkpoints/step_4"  # read where it is
+    assert resolve_resume("memory://runs/r", here) == "memory://runs/r/checkpoints/step_4"
+    assert resolve_resume("memory://runs/r/checkpoints/step_2/", here) == "memory://runs/r/checkpoints/step_2"
+    assert not here.exists()  # nothing downloaded
     with pytest.raises(ConfigError, match=r"resume_from=memory://runs/r/checkpoints/step_6: not a complete checkpoint"):
         resolve_resume("memory://runs/r/checkpoints/step_6", here)
     with pytest.raises(ConfigError, match=r"resume_from=memory://runs/empty: the run has no complete checkpoint"):
         resolve_resume("memory://runs/empty", here)
+    assert resolve_resume("auto", here, RemoteDir("memory://runs/empty")) == ""
     assert fetch_checkpoint("memory://runs/empty", here) is None
 
 
@@ -100,27 +110,27 @@ def test_transient_errors_are_retried_and_counted() -> None:
     assert all(policy.pause(k) <= min(8.0, 0.5 * 2 ** k) for k in range(6) for _ in range(20))
 
 
-def test_remote_calls_go_under_the_runs_storage_retry(tmp_path: Path, memfs: fsspec.AbstractFileSystem,
+def test_remote_calls_go_under_the_runs_storage_retry(memfs: fsspec.AbstractFileSystem,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A download that drops its connection twice succeeds with three tries, fails with the one try
+    """A look-up that drops its connection twice succeeds with three tries, fails with the one try
     ``trainer.storage_retry`` allows."""
-    publish_checkpoint(RemoteDir("memory://runs/r"), local_checkpoint(tmp_path / "old", 2), keep=0)
-    get, drops = memfs.get, [0]
+    remote_checkpoint(RemoteDir("memory://runs/r"), 2)
+    exists, drops = memfs.exists, [0]
 
-    def flaky_get(*args: object, **kwargs: object) -> object:
+    def flaky_exists(*args: object, **kwargs: object) -> object:
         drops[0] += 1
         if drops[0] % 3:
             raise ConnectionResetError("connection reset by peer")
-        return get(*args, **kwargs)
+        return exists(*args, **kwargs)
 
-    monkeypatch.setattr(memfs, "get", flaky_get)
+    monkeypatch.setattr(memfs, "exists", flaky_exists)
     retry = load_config(["trainer.storage_retry={attempts: 1}"]).trainer.storage_retry
     with pytest.raises(ConnectionResetError):
-        resolve_resume("memory://runs/r/checkpoints/step_2", tmp_path / "a", policy=retry)
+        resolve_resume("memory://runs/r/checkpoints/step_2", Path("unused"), policy=retry)
     drops[0] = 0
     retry = load_config(["trainer.storage_retry={attempts: 3, first_pause_s: 0.01}"]).trainer.storage_retry
-    assert resolve_resume("memory://runs/r/checkpoints/step_2", tmp_path / "b", policy=retry) == \
-        str(tmp_path / "b" / "checkpoints" / "step_2")
+    assert resolve_resume("memory://runs/r/checkpoints/step_2", Path("unused"), policy=retry) == \
+        "memory://runs/r/checkpoints/step_2"
     assert drops[0] == 3
 
 
@@ -132,22 +142,23 @@ def test_a_run_publishes_to_memory_and_resumes_from_its_url(tmp_path: Path, memf
                                            "trainer.keep_best={metric: loss, mode: min}"])).build_trainer()
     first.fit()
     assert RemoteDir("memory://runs/a").complete_checkpoints() == ["step_2", "step_4"]
-    assert memfs.cat_file("/runs/a/checkpoints/best/best.json") == (tmp_path / "a/checkpoints/best/best.json").read_bytes()
-    assert memfs.exists(f"/runs/a/checkpoints/best/{COMPLETE}")
+    assert not (tmp_path / "a" / "checkpoints").exists()  # written to the store, not staged
+    best = json.loads(memfs.cat_file("/runs/a/checkpoints/best/best.json"))
+    assert best["metric"] == "loss" and best["step"] in (2, 4)
+    assert memfs.exists(f"/runs/a/checkpoints/best/{COMPLETE}") and memfs.exists("/runs/a/checkpoints/best/.metadata")
     assert memfs.exists("/runs/a/config.yaml") and memfs.exists("/runs/a/metrics.jsonl")
     # resume_from=auto on the remote run_root, from another staging directory (another machine): the newest
-    # complete checkpoint comes from the store
+    # complete checkpoint is read from the store
     auto = ExperimentBuilder(load_config([*base, "trainer.run_name=a", f"trainer.staging_root={tmp_path / 'other'}",
                                           "trainer.resume_from=auto"]))
-    assert auto.resume_from == str(tmp_path / "other" / "a" / "checkpoints" / "step_4")
+    assert auto.resume_from == "memory://runs/a/checkpoints/step_4"
     assert auto.remote is not None and auto.remote.policy is auto.cfg.trainer.storage_retry
-    assert (tmp_path / "other" / "a" / "checkpoints" / "step_4" / COMPLETE).is_file()
     assert resume_command(tmp_path / "a") == (
         f"python -m toolbox.run experiment={tmp_path}/a/config.yaml trainer.run_root=memory://runs "
         f"trainer.staging_root={tmp_path} trainer.run_name=a trainer.resume_from=auto")
     resumed = ExperimentBuilder(load_config([*base, "trainer.run_name=b",
                                              "trainer.resume_from=memory://runs/a/checkpoints/step_2"]))
-    assert resumed.resume_from == str(tmp_path / "b" / "checkpoints" / "step_2")
+    assert resumed.resume_from == "memory://runs/a/checkpoints/step_2"
     trainer = resumed.build_trainer()
     trainer.fit()
     assert [m["loss"] for m in trainer.history] == pytest.approx([m["loss"] for m in first.history[2:]], rel=1e-6)

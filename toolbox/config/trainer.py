@@ -60,16 +60,18 @@ class TrainerConfig(BaseModel):
     seed: int = Field(0, description="Seed of prompts, sampling and initialisation.")
     run_root: str = Field("runs", description="Directory under which each run gets its own directory: a path, or "
                           "a URL of a filesystem fsspec knows (s3://, gs://, az://, hf://, memory://; its package "
-                          "installed), where the run is staged locally in staging_root and published: each complete "
-                          "checkpoint as it is saved, the rest at every checkpoint and at the end (docs/storage.md).")
-    staging_root: str = Field("", description="With a remote run_root: the local directory the run is written to "
-                              "before it is published (every learner rank must reach it); empty: "
-                              "<tmp>/toolbox-staging.")
+                          "installed): the learner ranks write each checkpoint straight to it, the driver's files (config, "
+                          "metrics, samples) are staged locally in staging_root and published at every checkpoint "
+                          "and at the end (docs/storage.md).")
+    staging_root: str = Field("", description="With a remote run_root: the driver's local directory the run's "
+                              "files but its checkpoints are written to before they are published (and, on several "
+                              "nodes, a tiny model or a cold start is built in: then shared, with shared_fs); "
+                              "empty: <tmp>/toolbox-staging.")
     run_name: str = Field("", description="Run directory name; empty: '<experiment>-<timestamp>'.")
     resume_from: str = Field("", description="'auto': the newest complete checkpoint of this run's directory (needs "
                              "run_name), or a fresh start when there is none; a run directory: its newest complete "
                              "checkpoint; a checkpoint directory (runs/x/checkpoints/step_N): itself. A URL of "
-                             "either (s3://.../step_N) is downloaded into the run directory first.")
+                             "either (s3://.../step_N): the same, read from the store by every learner rank.")
     export: bool = Field(False, description="At the end of training, write the final policy as a Hugging Face model "
                          "directory (safetensors, config, tokenizer, generation config) to RUN_DIR/hf (LLM algorithms).")
     log_samples_every: int = Field(10, ge=0, description="Every N steps (from the first), record a few prompts' "
@@ -78,8 +80,11 @@ class TrainerConfig(BaseModel):
                                    "RUN_DIR/samples.jsonl and the trackers (rollout-based algorithms); 0: never.")
     log_samples: int = Field(4, ge=1, description="Prompts recorded each time, with every sample of their group.")
     shared_fs: bool = Field(False, description="Assert that run_root is on a filesystem every Ray node sees (NFS, a "
-                            "Kubernetes RWX volume, the same machine): required on a cluster of more than one node, "
-                            "where learner ranks on other nodes write the checkpoints.")
+                            "Kubernetes RWX volume, the same machine): required on a cluster of more than one node "
+                            "for a local run_root, where learner ranks on other nodes write the checkpoints; with a "
+                            "remote run_root, only for what the driver builds on its disk (model.tiny, cold_start, "
+                            "gguf_file) or the ranks write beside the run (profile_steps); asserts it of "
+                            "staging_root then.")
     storage_retry: RetryPolicy = Field(default_factory=RetryPolicy, description="How a call to a remote run_root or "
                                        "resume_from is tried again after a connection failure or a timeout (the one "
                                        "retry policy: backoff with full jitter, a deadline; docs/storage.md).")

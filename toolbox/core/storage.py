@@ -1,15 +1,16 @@
 """Where a run's files may go: a local path, or a URL of any filesystem `fsspec` knows (``s3://``, ``gs://``,
 ``hf://``, ``memory://`` for tests).
 
-A run always writes to a local directory first (learner ranks write their checkpoint shards there with
-``torch.distributed.checkpoint``, callbacks append metrics there); with a remote ``trainer.run_root`` that
-directory is a staging copy, and `RemoteDir` publishes it: each complete checkpoint as soon as it is committed
-(every file, then the ``COMPLETE`` marker last, so a reader that trusts only marked checkpoints never takes a
-half-uploaded one), the rest of the run directory (config, metrics, samples, the exported model) at every
-checkpoint and at the end. A checkpoint named by URL is downloaded into the staging directory to resume from.
+With a remote ``trainer.run_root`` the learner ranks write each checkpoint straight to the store (their shards
+through ``torch.distributed.checkpoint``'s fsspec writer, their small per-rank files beside them, see
+`toolbox.learner.checkpoint`), into ``checkpoints/step_N`` with no marker: `begin_checkpoint` gives the URL, and
+the driver adds its own state and the ``COMPLETE`` marker only after every rank has returned (`commit_checkpoint`),
+so a reader that trusts only marked checkpoints never takes a half-written one. A resume reads the marked checkpoint
+from the store the same way. The rest of the run directory (config, metrics, samples) is written by the driver to a
+local staging directory that `RemoteDir` publishes at every checkpoint and at the end.
 
-Every remote call goes through the one `RetryPolicy`. Not covered: ranks writing their shards straight to the
-remote store (they write to the shared staging directory, which every rank must reach, as for a local run_root).
+Every call of the driver's goes through the one `RetryPolicy` (``trainer.storage_retry``); the ranks' small files
+through its defaults, their shards through DCP's writer, whose failure fails the save.
 """
 
 from __future__ import annotations
@@ -135,6 +136,11 @@ class RemoteDir:
         local.mkdir(parents=True, exist_ok=True)
         self._do("get", lambda: self.fs.get(self.path(rel) + "/", str(local) + "/", recursive=True))
 
+    def copy_tree(self, rel: str, to: str) -> None:
+        """The remote directory ``rel`` copied to ``to`` on the store itself (``to`` replaced)."""
+        self.remove(to)
+        self._do("copy", lambda: self.fs.copy(self.path(rel), self.path(to), recursive=True))
+
     def remove(self, rel: str) -> None:
         if self.exists(rel):
             self._do("remove", lambda: self.fs.rm(self.path(rel), recursive=True))
@@ -170,17 +176,22 @@ def read_file(location: str, name: str, policy: RetryPolicy | None = None) -> by
     return remote.read_bytes(name) if remote.exists(name) else None
 
 
-def publish_checkpoint(remote: RemoteDir, local: Path, keep: int) -> str:
-    """Upload the committed local checkpoint ``local`` (``.../checkpoints/step_N``) to the run's remote
-    ``checkpoints/step_N``: an older marker of that step removed first, every file, then the marker; then remote
-    checkpoints beyond the newest ``keep`` (0: keep all) removed. Returns the checkpoint's URL."""
-    rel = f"checkpoints/{local.name}"
-    remote.remove(f"{rel}/{COMPLETE}")  # the same step saved again: unmarked until the new copy is whole
-    remote.put_tree(local, rel, last=COMPLETE)
+def begin_checkpoint(remote: RemoteDir, name: str) -> str:
+    """The URL the learner ranks write the checkpoint ``name`` (``step_N``) to, straight into the run's remote
+    ``checkpoints/``. A checkpoint is temporary there until `commit_checkpoint` marks it: an older marker of the same
+    name (the same step saved again) is removed first, so no reader takes it while it is overwritten."""
+    remote.remove(f"checkpoints/{name}/{COMPLETE}")
+    return f"{remote.url}/checkpoints/{name}"
+
+
+def commit_checkpoint(remote: RemoteDir, name: str, info: bytes, keep: int) -> str:
+    """Mark the remote checkpoint ``name`` complete (its ``COMPLETE`` marker holds ``info``), once every writer has
+    finished; then remote checkpoints beyond the newest ``keep`` (0: keep all) are removed. Returns its URL."""
+    remote.write_bytes(f"checkpoints/{name}/{COMPLETE}", info)
     done = remote.complete_checkpoints()
-    for name in done[:-keep] if keep and len(done) > keep else []:
-        remote.remove(f"checkpoints/{name}")
-    return f"{remote.url}/{rel}"
+    for old in done[:-keep] if keep and len(done) > keep else []:
+        remote.remove(f"checkpoints/{old}")
+    return f"{remote.url}/checkpoints/{name}"
 
 
 def publish_run(remote: RemoteDir, run_dir: Path) -> int:

@@ -24,7 +24,6 @@ from toolbox.config.schema import ExperimentConfig, RolePlacement
 from toolbox.config.trainer import TrainerConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.events import EventBus
-from toolbox.core.storage import RemoteDir, is_remote
 from toolbox.data.offline import OfflineDataConfig
 from toolbox.driver.local_ray import actor_env
 from toolbox.driver.placement import reserve_colocated, role_size
@@ -38,7 +37,7 @@ from toolbox.driver.preflight import (
 from toolbox.driver.ray_connect import live_nodes
 from toolbox.driver.weight_sync import open_weight_sync
 from toolbox.models.catalog import resolve_source
-from toolbox.trainers.checkpoints import resolve_resume
+from toolbox.trainers.checkpoints import remote_run, resolve_resume
 
 A = TypeVar("A", bound=AlgorithmConfig)
 log = logging.getLogger(__name__)
@@ -56,8 +55,7 @@ class ExperimentBuilder:
         check_specs(cfg)
         self.run_dir = make_run_dir(cfg)
         # a remote run_root: where the staged run directory is published (`toolbox.core.storage`)
-        self.remote = RemoteDir(f"{cfg.trainer.run_root}/{self.run_dir.name}", cfg.trainer.storage_retry) \
-            if is_remote(cfg.trainer.run_root) else None
+        self.remote = remote_run(cfg.trainer, self.run_dir)
         if isinstance(cfg.algorithm, OfflineDataConfig) and (cfg.algorithm.dataset or cfg.algorithm.eval_dataset):
             cfg.algorithm.check_rows(cfg.data, self.tokenizer)  # tokenised records, before Ray
         # fails here, early
@@ -226,7 +224,7 @@ class ExperimentBuilder:
         from toolbox.algorithms import ALGORITHMS
 
         if not self.cfg.ray.local_mode:
-            check_run_root_shared(self.cfg.trainer, live_nodes())
+            check_run_root_shared(self.cfg, live_nodes())
         bus = EventBus()
         if self.clock is not None:  # first: the first step's metrics get the start-up phases before callbacks see them
             self.clock.attach(bus, self.run_dir)
@@ -234,7 +232,7 @@ class ExperimentBuilder:
         for spec in self.cfg.callbacks:
             CALLBACKS.build(spec, inject=inject).attach(bus)
         if self.remote is not None:  # after the callbacks: what they write at an event is published with it
-            RemotePublish(self.remote, self.run_dir, self.cfg.trainer.keep_checkpoints).attach(bus)
+            RemotePublish(self.remote, self.run_dir).attach(bus)
         name = self.cfg.algorithm.name
         plan = ALGORITHMS.get(name).factory(self)
         if not isinstance(plan, AlgorithmPlan):

@@ -9,7 +9,6 @@ import hashlib
 from pathlib import Path
 
 from toolbox.config.schema import ExperimentConfig
-from toolbox.config.trainer import TrainerConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.storage import RemoteDir, is_remote, staging_root
 from toolbox.data.tasks import TASKS
@@ -99,19 +98,32 @@ def find_resume(target: str) -> str:
     return str(latest if latest else target)
 
 
-def check_run_root_shared(trainer: TrainerConfig, nodes: int) -> None:
-    """On a cluster of several nodes, learner ranks elsewhere write checkpoints under run_root (a remote run_root:
-    under staging_root, which the driver publishes from): it must be shared."""
+def check_run_root_shared(cfg: ExperimentConfig, nodes: int) -> None:
+    """On a cluster of several nodes, every file a worker on one node writes or reads must be where the others and
+    the driver reach it: a local run_root must be shared (``trainer.shared_fs``); a remote one needs no shared disk
+    (checkpoints and exports go straight to the store) but for what the driver builds on its own disk for the
+    workers to read, or they write beside the run directory."""
+    trainer = cfg.trainer
     if nodes < 2 or trainer.shared_fs:
         return
-    if is_remote(trainer.run_root):
-        raise ConfigError(
-            f"trainer.run_root={trainer.run_root!r} is remote, but the run is staged in trainer.staging_root="
-            f"{str(staging_root(trainer.staging_root))!r} first and the Ray cluster has {nodes} nodes: learner ranks "
-            "on other nodes would write their checkpoint shards to their own disks, which the driver cannot publish. "
-            "Point staging_root at a filesystem every node mounts (NFS, a Kubernetes ReadWriteMany volume such as "
-            "deploy/kuberay/pvc.yaml) and pass trainer.shared_fs=true.")
-    raise ConfigError(
-        f"trainer.run_root={trainer.run_root!r} is a local path and the Ray cluster has {nodes} nodes: actors on "
-        "other nodes would write checkpoints to their own disks. Put run_root on a filesystem every node mounts "
-        "(NFS, a Kubernetes ReadWriteMany volume such as deploy/kuberay/pvc.yaml) and pass trainer.shared_fs=true.")
+    shared = ("a filesystem every node mounts (NFS, a Kubernetes ReadWriteMany volume such as deploy/kuberay/pvc.yaml) "
+              "and pass trainer.shared_fs=true")
+    if not is_remote(trainer.run_root):
+        raise ConfigError(f"trainer.run_root={trainer.run_root!r} is a local path and the Ray cluster has {nodes} "
+                          f"nodes: actors on other nodes would write checkpoints to their own disks. Put run_root on "
+                          f"{shared}, or use a remote run_root (s3://, gs://, ...).")
+    local = {"model.tiny": "the tiny model is built on the driver's disk" if cfg.model.tiny is not None else "",
+             "model.cold_start": "the cold-start policy is trained into the driver's staging directory"
+             if cfg.model.cold_start is not None else "",
+             "model.gguf_file": "the GGUF file is converted on the driver's disk" if cfg.model.gguf_file else "",
+             "trainer.profile_steps": "each learner rank writes its trace into its own staging directory"
+             if trainer.profile_steps else "",
+             "trainer.resume_from": "the checkpoint is on the driver's disk"
+             if trainer.resume_from not in ("", "auto") and not is_remote(trainer.resume_from) else ""}
+    for field, why in local.items():
+        if why:
+            raise ConfigError(
+                f"{field}: the Ray cluster has {nodes} nodes and {why}, which workers on other nodes cannot read "
+                f"(trainer.run_root={trainer.run_root!r} is remote, but trainer.staging_root="
+                f"{str(staging_root(trainer.staging_root))!r} is not shared). Put staging_root on {shared}"
+                + (", or pass a model every node can load (a hub id)" if field.startswith("model.") else "") + ".")

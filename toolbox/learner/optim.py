@@ -18,6 +18,7 @@ import logging
 import math
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -128,7 +129,7 @@ class TrainedModel:
             self.bad_in_a_row = 0
         return {**stats, "bad_steps": float(self.bad_steps)}
 
-    def save(self, path: str, extra: dict[str, Any]) -> None:
+    def save(self, path: str | Path, extra: dict[str, Any]) -> None:
         """Model, optimizer, schedule (with its planned length), bad-step counts and ``extra`` into the directory
         (or URL) ``path``. Collective."""
         own = {"scheduler": self.scheduler.state_dict(), "schedule_steps": self.schedule_steps,
@@ -137,7 +138,7 @@ class TrainedModel:
 
         save_checkpoint(path, self.module, self.optimizer, {**extra, **own})
 
-    def load(self, path: str) -> dict[str, Any]:
+    def load(self, path: str | Path) -> dict[str, Any]:
         """Restore what `save` wrote; returns the ``extra`` it was given. Collective.
 
         A checkpoint planned over another number of optimizer steps (``trainer.total_steps`` changed)

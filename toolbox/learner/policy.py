@@ -9,13 +9,14 @@ to the learner. Every public method is collective: all ranks call it together.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from toolbox.core.storage import join
+from toolbox.core.storage import RemoteDir, is_remote, join
 from toolbox.learner.collective import rank
 from toolbox.learner.config import LearnerConfig, OptimConfig
 from toolbox.learner.hf_export import export_state
@@ -101,16 +102,27 @@ class PolicyRank:
         return full_state_dict(self.model)
 
     def export_hf(self, path: str | Path) -> str:
-        """The policy as a Hugging Face model directory at ``path``, written by rank 0 (the others join the gather)."""
+        """The policy as a Hugging Face model directory at ``path`` (a directory or a URL: written locally, then
+        uploaded), written by rank 0 (the others join the gather)."""
         if not self.source:
             raise RuntimeError("export_hf: this policy was not loaded with PolicyRank.pretrained, so there is no base "
                                "model to take its config and tokenizer from")
         state = self.full_state_dict()
-        if rank() == 0 and self.cfg.lora is not None:
-            export_lora(state, self.source, self.source_dtype, self.cfg.lora, path)
-        elif rank() == 0:
-            export_state(state, self.source, self.source_dtype, path, self.loader)
+        if rank() != 0:
+            return str(path)
+        if not is_remote(str(path)):
+            self._export_to(state, path)
+            return str(path)
+        with tempfile.TemporaryDirectory(prefix="toolbox-export-") as local:
+            self._export_to(state, local)
+            RemoteDir(str(path)).put_tree(Path(local), "")
         return str(path)
+
+    def _export_to(self, state: dict[str, torch.Tensor], path: str | Path) -> None:
+        if self.cfg.lora is not None:
+            export_lora(state, self.source, self.source_dtype, self.cfg.lora, path)
+        else:
+            export_state(state, self.source, self.source_dtype, path, self.loader)
 
     def save(self, path: str | Path) -> str:
         """The policy (with step and schedule) into ``path`` (a directory or a URL), each attached model into

@@ -11,6 +11,8 @@ driver's own state (`state_dict`: role RNG states, running episode statistics, .
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -23,6 +25,7 @@ import torch
 from toolbox.config.trainer import TrainerConfig
 from toolbox.core.events import Event, EventBus
 from toolbox.core.retry import take_retries
+from toolbox.core.storage import begin_checkpoint, commit_checkpoint, read_file, write_file
 from toolbox.rl.roles import CheckpointRole, StatefulRole
 from toolbox.trainers import checkpoints
 from toolbox.trainers.watch import MetricWatch, keep_best
@@ -106,7 +109,7 @@ class BaseTrainer(ABC):
             self.last_checkpoint = self.save(self.step)
             self.bus.emit(Event.CHECKPOINT_SAVED, {"step": self.step, "path": self.last_checkpoint})
             if self.best is not None and best is not None:
-                path = keep_best(Path(self.last_checkpoint), self.step, self.best.cfg.metric, best)
+                path = keep_best(self.last_checkpoint, self.step, self.best.cfg.metric, best, self.cfg.storage_retry)
                 log.info("best checkpoint so far (%s = %.4g): %s", self.best.cfg.metric, best, path)
 
     def _observe(self, source: str, metrics: dict[str, float]) -> None:
@@ -220,28 +223,40 @@ class BaseTrainer(ABC):
 
     # ---- atomic, complete checkpoints ---------------------------------------------------------
     def save_checkpoint(self, run_dir: Path, step: int, save_learner: Callable[[str], str]) -> str:
-        """Step ``step``'s checkpoint in ``run_dir/checkpoints/step_N``: staged, marked complete once the
-        learner group (every rank: ``save_learner`` returns when all have) and the driver have written
-        their parts, renamed, older ones pruned to ``trainer.keep_checkpoints``. Returns its path."""
-        final = run_dir / "checkpoints" / f"step_{step}"
-        staging = checkpoints.begin(final)
-        save_learner(str(staging))
+        """Step ``step``'s checkpoint in ``checkpoints/step_N`` of the run (on a remote run_root: on the store, the
+        ranks writing straight to it), marked complete once the learner group (every rank: ``save_learner``
+        returns when all have) and the driver have written their parts, older ones pruned to
+        ``trainer.keep_checkpoints``. Returns its path or URL."""
+        name, final = f"step_{step}", run_dir / "checkpoints" / f"step_{step}"
+        remote = checkpoints.remote_run(self.cfg, run_dir)
+        location = begin_checkpoint(remote, name) if remote is not None else str(checkpoints.begin(final))
+        save_learner(location)
         plan = {"step": step, "total_steps": self.cfg.total_steps, "seed": self.cfg.seed}
-        torch.save({**plan, "state": self.state_dict()}, staging / TRAINER_STATE)
-        checkpoints.commit(staging, final, plan)
+        state = io.BytesIO()
+        torch.save({**plan, "state": self.state_dict()}, state)
+        write_file(location, TRAINER_STATE, state.getvalue(), self.cfg.storage_retry)
+        if remote is not None:
+            return commit_checkpoint(remote, name, json.dumps({**plan, "time": time.time()}).encode(),
+                                     self.cfg.keep_checkpoints)
+        checkpoints.commit(Path(location), final, plan)
         checkpoints.prune(run_dir, self.cfg.keep_checkpoints)
         return str(final)
 
+    def export_location(self, run_dir: Path) -> str:
+        """Where ``trainer.export`` writes the final policy: RUN_DIR/hf, on the store for a remote run_root (rank 0
+        uploads it, wherever it runs)."""
+        remote = checkpoints.remote_run(self.cfg, run_dir)
+        return f"{remote.url}/hf" if remote is not None else str(run_dir / "hf")
+
     def resume(self, load_learner: Callable[[str], int]) -> int:
-        """Load ``trainer.resume_from`` (already resolved to a checkpoint directory, or empty): the learner
+        """Load ``trainer.resume_from`` (already resolved to a checkpoint directory or URL, or empty): the learner
         group, then the driver's state; returns the step to continue from (0 without a checkpoint)."""
         if not self.cfg.resume_from:
             return 0
-        path = Path(self.cfg.resume_from)
-        start = load_learner(str(path))
-        state_file = path / TRAINER_STATE
-        if state_file.exists():  # a checkpoint of the learner alone (a test fake, an older layout) has none
-            saved = torch.load(state_file, weights_only=False)
+        start = load_learner(self.cfg.resume_from)
+        state = read_file(self.cfg.resume_from, TRAINER_STATE, self.cfg.storage_retry)
+        if state is not None:  # a checkpoint of the learner alone (a test fake, an older layout) has none
+            saved = torch.load(io.BytesIO(state), weights_only=False)
             self._check_plan(saved, start)
             self.load_state_dict(saved["state"])
         return start

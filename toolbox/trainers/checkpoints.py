@@ -6,8 +6,8 @@ directory to ``step_N``. A directory without the marker (a ``.tmp`` left by a ki
 ``step_N`` copied half-way) is never chosen for a resume. ``trainer.keep_checkpoints`` bounds how
 many complete ones stay.
 
-Not covered: checkpoints on storage that the driver cannot see (every rank and the driver must
-share the run directory, as they already must for ``config.yaml`` and the metrics).
+On a remote ``trainer.run_root`` a checkpoint is written on the store instead (`toolbox.core.storage`: the ranks
+write into ``checkpoints/step_N`` there, the driver marks it), and a resume reads it from there.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from toolbox.config.trainer import TrainerConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.retry import RetryPolicy
-from toolbox.core.storage import COMPLETE, RemoteDir, fetch_checkpoint, is_remote
+from toolbox.core.storage import COMPLETE, RemoteDir, is_remote
 
 log = logging.getLogger(__name__)
 
@@ -104,32 +105,40 @@ def prune(run_dir: Path, keep: int) -> list[Path]:
     return removed
 
 
+def remote_run(cfg: TrainerConfig, run_dir: Path) -> RemoteDir | None:
+    """Where a run on a remote ``trainer.run_root`` lives on the store (its checkpoints, its published files), under
+    ``trainer.storage_retry``; ``None`` for a local run_root."""
+    return RemoteDir(f"{cfg.run_root}/{run_dir.name}", cfg.storage_retry) if is_remote(cfg.run_root) else None
+
+
+def newest_checkpoint(run_dir: Path, remote: RemoteDir | None) -> str:
+    """The newest complete checkpoint of the run (its URL on a remote run_root), or ``""``."""
+    if remote is not None and (done := remote.complete_checkpoints()):
+        return f"{remote.url}/checkpoints/{done[-1]}"
+    latest = latest_checkpoint(run_dir)
+    return str(latest) if latest else ""
+
+
 def resolve_resume(target: str, run_dir: Path, remote: RemoteDir | None = None,
                    policy: RetryPolicy | None = None) -> str:
-    """The checkpoint directory ``trainer.resume_from`` names, or ``""`` to start fresh.
+    """The checkpoint directory or URL ``trainer.resume_from`` names, or ``""`` to start fresh.
 
-    ``auto``: the newest complete checkpoint of this run's directory (or of its ``remote`` copy, downloaded), or
-    a fresh start when there is none. A run directory: its newest complete checkpoint (an error when it has
-    none). A ``step_N`` directory: itself, if complete. A URL of either: the same, downloaded into ``run_dir``.
-    Errors are `ConfigError`s naming the field and what to pass instead. Remote calls go under ``policy``
-    (``trainer.storage_retry``).
+    ``auto``: the newest complete checkpoint of this run (on its ``remote`` store, else in its directory), or a
+    fresh start when there is none. A run directory: its newest complete checkpoint (an error when it has none). A
+    ``step_N`` directory: itself, if complete. A URL of either: the same, read from the store where it is (the
+    learner ranks load it from there). Errors are `ConfigError`s naming the field and what to pass instead. Remote
+    calls go under ``policy`` (``trainer.storage_retry``).
     """
     if not target:
         return ""
     if is_remote(target):
-        fetched = fetch_checkpoint(target, run_dir, policy=policy)
-        if fetched is None:
-            raise ConfigError(f"trainer.resume_from={target}: the run has no complete checkpoint (a "
-                              f"checkpoints/step_N with a {COMPLETE} marker); start without resume_from")
-        return str(fetched)
+        return _remote_checkpoint(target, policy)
     if target == "auto":
-        if remote is not None:  # the newest remote one, beside any the local staging copy still holds
-            fetch_checkpoint(remote.url, run_dir, policy=remote.policy)
-        latest = latest_checkpoint(run_dir)
-        if latest is None:
-            log.info("trainer.resume_from=auto: no complete checkpoint in %s, starting fresh", run_dir / "checkpoints")
-            return ""
-        return str(latest)
+        newest = newest_checkpoint(run_dir, remote)
+        if not newest:
+            log.info("trainer.resume_from=auto: no complete checkpoint in %s, starting fresh",
+                     f"{remote.url}/checkpoints" if remote else run_dir / "checkpoints")
+        return newest
     path = Path(target).resolve()
     if (path / "checkpoints").is_dir() or (path / "config.yaml").is_file():
         latest = latest_checkpoint(path)
@@ -139,12 +148,28 @@ def resolve_resume(target: str, run_dir: Path, remote: RemoteDir | None = None,
         return str(latest)
     if is_complete(path):
         return str(path)
-    newest = latest_checkpoint(path.parent.parent) if path.parent.name == "checkpoints" else None
-    hint = f"; the newest complete one is {newest}" if newest else ""
+    sibling = latest_checkpoint(path.parent.parent) if path.parent.name == "checkpoints" else None
+    hint = f"; the newest complete one is {sibling}" if sibling else ""
     what = "not a complete checkpoint (no COMPLETE marker: it was being written when its run stopped)" \
         if path.is_dir() else "does not exist"
     raise ConfigError(f"trainer.resume_from={target}: {what}{hint}; pass a run directory to resume its newest "
                       "complete checkpoint")
+
+
+def _remote_checkpoint(url: str, policy: RetryPolicy | None) -> str:
+    """A remote ``step_N`` URL if it is complete, or a remote run's newest complete checkpoint."""
+    url = url.rstrip("/")
+    if _STEP.match(url.rsplit("/", 1)[-1]):
+        if not RemoteDir(url, policy).exists(COMPLETE):
+            raise ConfigError(f"trainer.resume_from={url}: not a complete checkpoint (no {COMPLETE} marker: missing, "
+                              "or it was being written when its run stopped); pass the run's URL to take its newest "
+                              "complete one")
+        return url
+    done = RemoteDir(url, policy).complete_checkpoints()
+    if not done:
+        raise ConfigError(f"trainer.resume_from={url}: the run has no complete checkpoint (a "
+                          f"checkpoints/step_N with a {COMPLETE} marker); start without resume_from")
+    return f"{url}/checkpoints/{done[-1]}"
 
 
 def resume_command(run_dir: Path) -> str | None:
@@ -153,10 +178,10 @@ def resume_command(run_dir: Path) -> str | None:
     It re-reads the run's own resolved ``config.yaml`` (every override it was started with) and
     pins the run directory, so ``trainer.resume_from=auto`` finds the checkpoint wherever it is run from.
     """
-    if latest_checkpoint(run_dir) is None:
+    remote = remote_root(run_dir)
+    if not newest_checkpoint(run_dir, RemoteDir(f"{remote}/{run_dir.name}") if remote else None):
         return None
     root, staging = str(run_dir.parent), []
-    remote = remote_root(run_dir)
     if remote:  # a remote run: resume from its published checkpoints, staged where it was
         root, staging = remote, [f"trainer.staging_root={run_dir.parent}"]
     args = [f"experiment={run_dir / 'config.yaml'}", f"trainer.run_root={root}", *staging,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from toolbox.core.errors import WorkerError
 from toolbox.rl.roles import Metrics
-from toolbox.trainers.checkpoints import latest_checkpoint
+from toolbox.trainers.checkpoints import newest_checkpoint, remote_run
 
 if TYPE_CHECKING:
     from toolbox.trainers.online import OnlineTrainer
@@ -59,8 +59,8 @@ def step_with_restarts(trainer: OnlineTrainer, step: int, run_step: Callable[[in
 def resume_latest(trainer: OnlineTrainer, err: WorkerError) -> int:
     """Load the run's newest complete checkpoint into the new ranks (learner and role states) and sync the
     engines' weights to it; returns its step (0 without a checkpoint: the ranks start from the initial model)."""
-    latest = latest_checkpoint(trainer.run_dir)
+    latest = newest_checkpoint(trainer.run_dir, remote_run(trainer.cfg, trainer.run_dir))
     log.warning("%s; every learner rank was restarted and continues from %s", err,
-                latest if latest else "the initial model (no complete checkpoint yet)")
-    trainer.cfg = trainer.cfg.model_copy(update={"resume_from": str(latest) if latest else ""})
+                latest or "the initial model (no complete checkpoint yet)")
+    trainer.cfg = trainer.cfg.model_copy(update={"resume_from": latest})
     return trainer.prepare()

@@ -45,9 +45,9 @@ class OfflineTrainer(BaseTrainer):
         return self.learner, self.run_dir
 
     def finish(self) -> None:
-        """With ``trainer.export``: the final policy as a Hugging Face model directory, RUN_DIR/hf."""
+        """With ``trainer.export``: the final policy as a Hugging Face model directory, RUN_DIR/hf (`export_location`)."""
         if self.cfg.export:
-            self.learner.export_hf(str(self.run_dir / "hf"))
+            self.learner.export_hf(self.export_location(self.run_dir))
 
     def summarize(self, wall_s: float) -> dict[str, Any]:
         summary = super().summarize(wall_s)

@@ -283,11 +283,11 @@ class OnlineTrainer(BaseTrainer):
 
     def finish(self) -> None:
         """The weight loads still queued are waited for (a failed one fails the run); with ``trainer.export``: the
-        final policy as a Hugging Face model directory, RUN_DIR/hf."""
+        final policy as a Hugging Face model directory, RUN_DIR/hf (`export_location`)."""
         wait(*self.loads)
         self.loads.clear()
         if self.cfg.export:
-            self.learner.export_hf(str(self.run_dir / "hf"))
+            self.learner.export_hf(self.export_location(self.run_dir))
 
 
 def _informative(rewards: Pending[RewardResult], shards: list[list[PromptRequest]]) -> dict[int, bool]:

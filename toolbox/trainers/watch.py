@@ -5,7 +5,8 @@ key of an evaluation's metrics. Patience counts the metric's observations (steps
 ``eval/`` metric) without an improvement of more than ``min_delta``. The best checkpoint is the one saved
 when the metric's latest value was the best seen at any save; it lives in ``checkpoints/best`` (hard links to
 the files of its ``step_N``, so keeping it costs no space while that ``step_N`` exists, and it survives
-``trainer.keep_checkpoints`` pruning), with ``best.json`` saying which step and value it holds.
+``trainer.keep_checkpoints`` pruning; on a remote run_root a copy made on the store), with ``best.json`` saying
+which step and value it holds.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 
 from toolbox.config.trainer import WatchConfig
 from toolbox.core.errors import ConfigError
+from toolbox.core.retry import RetryPolicy
+from toolbox.core.storage import RemoteDir, is_remote
 
 BEST = "best"
 
@@ -62,14 +65,25 @@ class MetricWatch:
             self.since_best += 1
 
 
-def keep_best(checkpoint: Path, step: int, metric: str, value: float) -> Path:
-    """Make ``checkpoints/best`` the checkpoint ``checkpoint`` (hard-linked files; copies where links fail),
-    replacing the previous best; returns its path."""
+def keep_best(checkpoint: str, step: int, metric: str, value: float, policy: RetryPolicy | None = None) -> str:
+    """Make ``checkpoints/best`` the checkpoint ``checkpoint`` (local: hard-linked files, copies where links fail;
+    a URL: copied on the store), replacing the previous best; returns its location."""
+    info = json.dumps({"step": step, "metric": metric, "value": value})
+    if is_remote(checkpoint):
+        run, name = checkpoint.rsplit("/checkpoints/", 1)
+        remote = RemoteDir(run, policy)
+        remote.copy_tree(f"checkpoints/{name}", f"checkpoints/{BEST}")
+        remote.write_bytes(f"checkpoints/{BEST}/best.json", info.encode())
+        return f"{run}/checkpoints/{BEST}"
+    return str(_keep_best_here(Path(checkpoint), info))
+
+
+def _keep_best_here(checkpoint: Path, info: str) -> Path:
     best = checkpoint.parent / BEST
     staging = best.with_name(BEST + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(checkpoint, staging, copy_function=_link_or_copy)
-    (staging / "best.json").write_text(json.dumps({"step": step, "metric": metric, "value": value}))
+    (staging / "best.json").write_text(info)
     old = best.with_name(BEST + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if best.exists():
