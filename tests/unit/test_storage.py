@@ -65,6 +65,7 @@ def test_a_checkpoint_is_marked_only_after_every_file(memfs: fsspec.AbstractFile
     assert remote_checkpoint(remote, 2, keep=2) == "memory://runs/r/checkpoints/step_2"
     url = begin_checkpoint(remote, "step_2")  # the same step saved again: unmarked while it is rewritten
     assert url == "memory://runs/r/checkpoints/step_2" and remote.complete_checkpoints() == []
+    assert not memfs.exists("/runs/r/checkpoints/step_2/shard.bin")  # no file of the old save stays beside the new
     memfs.pipe_file("/runs/r/checkpoints/step_2/shard.bin", b"new")
     commit_checkpoint(remote, "step_2", b"{}", keep=2)
     for step in (4, 6):

@@ -178,9 +178,11 @@ def read_file(location: str, name: str, policy: RetryPolicy | None = None) -> by
 
 def begin_checkpoint(remote: RemoteDir, name: str) -> str:
     """The URL the learner ranks write the checkpoint ``name`` (``step_N``) to, straight into the run's remote
-    ``checkpoints/``. A checkpoint is temporary there until `commit_checkpoint` marks it: an older marker of the same
-    name (the same step saved again) is removed first, so no reader takes it while it is overwritten."""
+    ``checkpoints/``. A checkpoint is temporary there until `commit_checkpoint` marks it. An older one of the same
+    name (the same step saved again, or a save cut short) is removed first, its marker before the rest, so no reader
+    takes it while it is rewritten and no file of it (a rank the new save does not have) stays beside the new one."""
     remote.remove(f"checkpoints/{name}/{COMPLETE}")
+    remote.remove(f"checkpoints/{name}")
     return f"{remote.url}/checkpoints/{name}"
 
 
