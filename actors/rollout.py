@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -38,8 +39,8 @@ class RolloutWorker:
         self.asleep = False  # `sleep` / `wake`: a colocated engine frees its memory while the learner trains
         self.reader: SharedWeightsReader | None = None  # the shared-memory weight sync, once open
         previous = recover(supervisor, rank)
-        if previous and isinstance(previous[0], SharedPool):  # the generation the dead process held, still pinned
-            self.open_shared_sync(previous[0], recovering=True)
+        if previous and isinstance(previous[0], bytes):  # the pool: the generation the dead process held is pinned
+            self.open_shared_sync(pickle.loads(previous[0]), recovering=True)
         elif previous:
             self.engine.update_weights(resolve(previous))
 
@@ -141,7 +142,8 @@ class RolloutWorker:
         seconds = self._load(lambda: self.engine.update_weights(buckets)) + reader.copy_s
         reader.hold(generation)
         if not self.pool_remembered:  # once per pool: the generation a restart reloads is in the pool itself
-            remember(self.supervisor, self.rank, [reader.pool])
+            # Pickled here: the supervisor keeps bytes and never imports the pool's module (torch) to hold it
+            remember(self.supervisor, self.rank, [pickle.dumps(reader.pool)])
             self.pool_remembered = True
         return seconds
 
