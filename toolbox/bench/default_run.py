@@ -27,6 +27,7 @@ each round. Evaluation is off on both sides (TRL's run has none to match).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -147,6 +148,9 @@ def main(argv: list[str]) -> int:
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     if unknown := set(sides) - {"toolbox", "trl"}:
         raise SystemExit(f"--sides: unknown {sorted(unknown)} (toolbox, trl)")
+    if "trl" in sides and importlib.util.find_spec("trl") is None:
+        print("TRL is not installed (pip install -e '.[bench]'): the toolbox side alone", flush=True)
+        sides.remove("trl")
     spec = trl_spec(overrides, args.steps) if "trl" in sides else {}
     root = Path(tempfile.mkdtemp(prefix="bench-default-run-"))
     load_before = os.getloadavg()
