@@ -71,7 +71,7 @@ def test_a_run_on_s3_resumes_from_the_bucket_and_exports_to_it(s3: s3fs.S3FileSy
 
     # Another machine: an empty staging directory, the checkpoint downloaded from the bucket.
     resumed = fit(*remote, f"trainer.staging_root={tmp_path / 'second'}", "trainer.resume_from=auto",
-                  "trainer.export=true")
+                  "trainer.export=true", "trainer.keep_best={metric: loss, mode: min}")
     assert not (tmp_path / "second" / "a" / "checkpoints").exists()  # read from the bucket, not downloaded
     assert len(resumed) == 2
     for step, (want, got) in enumerate(zip(whole[2:], resumed), start=3):
@@ -79,6 +79,8 @@ def test_a_run_on_s3_resumes_from_the_bucket_and_exports_to_it(s3: s3fs.S3FileSy
     assert run.complete_checkpoints() == ["step_2", "step_4"]
     names = sorted(p.rsplit("/", 1)[-1] for p in s3.find(f"{BUCKET}/runs/a/checkpoints/step_4"))
     assert names == [".metadata", COMPLETE, "__0_0.distcp", "extra_rank0.pt", "trainer_state.pt"]
+    best = sorted(p.rsplit("/", 1)[-1] for p in s3.find(f"{BUCKET}/runs/a/checkpoints/best"))
+    assert best == sorted([*names, "best.json"])  # copied on the store, marker included
 
     assert s3.exists(f"{BUCKET}/runs/a/hf/model.safetensors")  # trainer.export: published with the run
 

@@ -136,10 +136,17 @@ class RemoteDir:
         local.mkdir(parents=True, exist_ok=True)
         self._do("get", lambda: self.fs.get(self.path(rel) + "/", str(local) + "/", recursive=True))
 
-    def copy_tree(self, rel: str, to: str) -> None:
-        """The remote directory ``rel`` copied to ``to`` on the store itself (``to`` replaced)."""
+    def copy_tree(self, rel: str, to: str, skip: str = "") -> None:
+        """Every file under the remote directory ``rel`` copied to ``to`` on the store itself (``to`` replaced, its
+        files named ``skip`` left out: a marker its caller writes last)."""
         self.remove(to)
-        self._do("copy", lambda: self.fs.copy(self.path(rel), self.path(to), recursive=True))
+        source = self.path(rel)
+        for path in self._do("list", lambda: list(self.fs.find(source))):
+            if path.rsplit("/", 1)[-1] != skip:
+                self._copy(path, self.path(f"{to}/{path[len(source):].lstrip('/')}"))
+
+    def _copy(self, path: str, target: str) -> None:
+        self._do("copy", lambda: self.fs.copy(path, target))
 
     def remove(self, rel: str) -> None:
         if self.exists(rel):

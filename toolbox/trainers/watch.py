@@ -20,7 +20,7 @@ from typing import Any
 from toolbox.config.trainer import WatchConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.retry import RetryPolicy
-from toolbox.core.storage import RemoteDir, is_remote
+from toolbox.core.storage import COMPLETE, RemoteDir, is_remote
 
 BEST = "best"
 
@@ -67,13 +67,14 @@ class MetricWatch:
 
 def keep_best(checkpoint: str, step: int, metric: str, value: float, policy: RetryPolicy | None = None) -> str:
     """Make ``checkpoints/best`` the checkpoint ``checkpoint`` (local: hard-linked files, copies where links fail;
-    a URL: copied on the store), replacing the previous best; returns its location."""
+    a URL: copied on the store, its marker last), replacing the previous best; returns its location."""
     info = json.dumps({"step": step, "metric": metric, "value": value})
     if is_remote(checkpoint):
         run, name = checkpoint.rsplit("/checkpoints/", 1)
         remote = RemoteDir(run, policy)
-        remote.copy_tree(f"checkpoints/{name}", f"checkpoints/{BEST}")
+        remote.copy_tree(f"checkpoints/{name}", f"checkpoints/{BEST}", skip=COMPLETE)
         remote.write_bytes(f"checkpoints/{BEST}/best.json", info.encode())
+        remote.write_bytes(f"checkpoints/{BEST}/{COMPLETE}", remote.read_bytes(f"checkpoints/{name}/{COMPLETE}"))
         return f"{run}/checkpoints/{BEST}"
     return str(_keep_best_here(Path(checkpoint), info))
 
