@@ -30,7 +30,6 @@ TOP = len(LAYERS)
 
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("toolbox.callbacks.files", "toolbox.commands.plot"): "the curve drawing belongs in the library, the CLI beside it",
-    ("toolbox.callbacks.remote", "toolbox.trainers.watch"): "the watched-metric names belong below the callbacks",
 }
 
 
