@@ -28,9 +28,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
 RANK = {name: i for i, (_, names) in enumerate(LAYERS.items()) for name in names}
 TOP = len(LAYERS)
 
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("toolbox.callbacks.files", "toolbox.commands.plot"): "the curve drawing belongs in the library, the CLI beside it",
-}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 
 # Cycles between packages (each a set of the packages whose modules form one strongly connected component).

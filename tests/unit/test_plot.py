@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from toolbox.callbacks import plots as plot
 from toolbox.callbacks.files import CurveConfig, CurvePlot
-from toolbox.commands import plot
+from toolbox.commands.plot import main
 from toolbox.core.events import Event, EventBus
 
 LLM_STEP = {"reward": 0.5, "loss": 0.1, "kl": 0.01, "response_len": 4.0, "generate_s": 0.2, "reward_s": 0.05,
@@ -42,7 +43,7 @@ def test_two_runs_overlaid_with_a_legend_naming_what_differs(tmp_path: Path) -> 
     assert titles == ["reward", "loss", "KL to the reference", "response length (tokens)", "step time"]
     assert runs[0].steps == list(range(1, 13))  # the eval_end record is not a step
     out = tmp_path / "out" / "dash.png"
-    assert plot.main([str(a), str(b), "-o", str(out)]) == 0
+    assert main([str(a), str(b), "-o", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -72,10 +73,10 @@ def test_step_time_breakdown_puts_the_rest_in_waiting() -> None:
 
 
 def test_a_directory_without_metrics_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert plot.main([str(tmp_path)]) == 2
+    assert main([str(tmp_path)]) == 2
     assert f"{tmp_path / 'metrics.jsonl'}: no such file" in capsys.readouterr().err
     (tmp_path / "metrics.jsonl").write_text('{"event": "step_end", "step": 1, "metrics": {}}\nnot json\n')
-    assert plot.main([str(tmp_path)]) == 2
+    assert main([str(tmp_path)]) == 2
     assert f"{tmp_path / 'metrics.jsonl'}:2: not a JSON object" in capsys.readouterr().err
 
 
@@ -105,7 +106,7 @@ def test_metric_flag_adds_a_panel_per_metric(tmp_path: Path, monkeypatch: pytest
     run = write_run(tmp_path, "tool", {**LLM_STEP, "reward/call": 0.05, "reward/answer": 0.02}, lr=1e-3)
     drawn: list[tuple[str, ...]] = []
     monkeypatch.setattr(plot, "dashboard", lambda runs, out, title="", extra=(): drawn.append(tuple(extra)) or out)
-    assert plot.main([str(run), "--metric", "reward/call", "--metric", "reward/answer"]) == 0
+    assert main([str(run), "--metric", "reward/call", "--metric", "reward/answer"]) == 0
     assert drawn == [("reward/call", "reward/answer")]
     fig = plot.dashboard_figure([plot.read_run(run)], extra=drawn[0])
     assert [ax.get_title() for ax in fig.axes if ax.get_visible()][4:6] == ["reward/call", "reward/answer"]

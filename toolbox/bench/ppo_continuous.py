@@ -92,7 +92,7 @@ def run_toolbox(args: argparse.Namespace) -> tuple[Curve, Path]:
 
 def toolbox_curve(run_dir: Path) -> Curve:
     """``env_steps``, cumulative ``step_time_s`` and ``episode_return`` of each step of a run's ``metrics.jsonl``."""
-    from toolbox.commands.plot import read_run
+    from toolbox.callbacks.plots import read_run
 
     series, wall, curve = read_run(run_dir), 0.0, []
     for i in range(len(series.steps)):

@@ -103,7 +103,7 @@ def race_headline(race: dict[str, Any]) -> str:
 
 
 def race_plot(figures: dict[str, Any], path: Path) -> Path:
-    from toolbox.commands.plot import line_chart
+    from toolbox.callbacks.plots import line_chart
 
     series = {side: [(p["train_s"], p["pass@1"]) for p in points] for side, points in figures["vs_trl"]["curves"].items()}
     return line_chart(series, path, "training seconds (2 CPU cores)", "held-out pass@1",

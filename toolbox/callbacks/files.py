@@ -132,7 +132,7 @@ def wait_for_plots() -> None:
 
 @CALLBACKS.register("curves", config=CurveConfig)
 class CurvePlot:
-    """At the end of a run, draws the run's dashboard (`toolbox.commands.plot`) into a PNG (matplotlib, headless).
+    """At the end of a run, draws the run's dashboard (`toolbox.callbacks.plots`) into a PNG (matplotlib, headless).
 
     ``background`` (set by `toolbox.run`, which then calls `wait_for_plots`): draw in a thread, so the second of
     matplotlib work overlaps Ray's shutdown instead of preceding it."""
@@ -140,7 +140,7 @@ class CurvePlot:
     background = False
 
     def __init__(self, config: CurveConfig, run_dir: Path) -> None:
-        from toolbox.commands.plot import RunSeries
+        from toolbox.callbacks.plots import RunSeries
 
         self.config, self.path = config, run_dir / config.filename
         self.series = RunSeries(run_dir.name)
@@ -153,7 +153,7 @@ class CurvePlot:
         self.series.add(payload["step"], payload["metrics"])
 
     def _plot(self, _: Event, payload: dict[str, Any]) -> None:
-        from toolbox.commands.plot import dashboard
+        from toolbox.callbacks.plots import dashboard
 
         # A metric this algorithm never reports (no KL without a reference) gets no empty panel.
         draw = functools.partial(dashboard, [self.series], self.path,

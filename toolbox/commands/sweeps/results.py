@@ -95,7 +95,7 @@ def write_results(job: SweepJob, results: Any, console: Any) -> None:
     console.print(table)
     plot_trials(results, sweep.metric, keys, out / "sweep.png")
     # Every trial's dashboard, overlaid: reward, loss, KL, response length, step time.
-    from toolbox.commands.plot import plot_runs
+    from toolbox.callbacks.plots import plot_runs
 
     trial_dirs = {Path(str(d)) for d in (frame["run_dir"].dropna() if "run_dir" in frame else [])}
     plot_runs(sorted(d for d in trial_dirs if (d / "metrics.jsonl").is_file()), out / "dashboard.png", f"sweep {job.name}")
