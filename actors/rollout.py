@@ -107,10 +107,10 @@ class RolloutWorker:
 
     def receive_weights(self, generation: int = 0) -> float:
         """One NCCL round from learner rank 0 (whose `send_weights` runs meanwhile), or with the shared-memory sync
-        open the pool's ``generation`` (rank 0's `send_weights` result; 0: the next one); returns the seconds it
+        open the pool's ``generation`` (rank 0's `send_weights` result; unused over NCCL); returns the seconds it
         took."""
         if self.reader is not None:
-            return self._receive_shared(generation or self.reader.generation + 1)
+            return self._receive_shared(generation)
         return self._load(device_syncable(self.engine).receive_weights)
 
     # ---- same-node shared-memory weight sync (toolbox.rl.shared_weights; the driver side is toolbox.actors.shared_sync)

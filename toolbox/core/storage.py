@@ -173,14 +173,21 @@ def write_file(location: str, name: str, data: bytes, policy: RetryPolicy | None
         (Path(location) / name).write_bytes(data)
 
 
+def has_file(location: str, name: str, policy: RetryPolicy | None = None) -> bool:
+    """Whether the directory ``location`` (a path or a URL) holds the file ``name`` (nothing is read)."""
+    if not is_remote(location):
+        return (Path(location) / name).is_file()
+    return RemoteDir(location, policy).exists(name)
+
+
 def read_file(location: str, name: str, policy: RetryPolicy | None = None) -> bytes | None:
     """The bytes of the file ``name`` in the directory ``location`` (a path or a URL); ``None`` when it is not
     there."""
+    if not has_file(location, name, policy):
+        return None
     if not is_remote(location):
-        path = Path(location) / name
-        return path.read_bytes() if path.is_file() else None
-    remote = RemoteDir(location, policy)
-    return remote.read_bytes(name) if remote.exists(name) else None
+        return (Path(location) / name).read_bytes()
+    return RemoteDir(location, policy).read_bytes(name)
 
 
 def begin_checkpoint(remote: RemoteDir, name: str) -> str:

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from toolbox.core.seeding import rng_state, set_rng_state
-from toolbox.core.storage import is_remote, read_file, write_file
+from toolbox.core.storage import has_file, is_remote, read_file, write_file
 from toolbox.learner.strategy import is_distributed, unwrap
 
 
@@ -58,7 +58,7 @@ def _storage(location: str, write: bool) -> dict[str, Any]:
 
 
 def _check_exists(location: str, hint: str) -> None:
-    if read_file(location, ".metadata") is None:
+    if not has_file(location, ".metadata"):
         raise FileNotFoundError(f"no checkpoint at {location} (missing .metadata); pass {hint}")
 
 
