@@ -1,6 +1,7 @@
 """A local instance started by `connect_ray` (real Ray, in a fresh process: the session's instance is not one):
-its workers inherit the worker env, the driver's own env is left as it was, and actors run in the worker
-processes Ray started ahead instead of each waiting for a new one."""
+its workers inherit the worker env, the driver's own env is left as it was, actors run in the worker
+processes Ray started ahead instead of each waiting for a new one, and Ray's autoscaler monitor (nothing to
+scale) is gone once the instance is up."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ SCRIPT = textwrap.dedent("""
     import psutil, ray
     from toolbox.actors.group import WorkerGroup
     from toolbox.config import load_config
-    from toolbox.driver.local_ray import WORKER_ENV, actor_env
+    from toolbox.driver.local_ray import MONITOR_SCRIPT, WORKER_ENV, actor_env
     from toolbox.driver.ray_connect import connect_ray
 
     class Probe:
@@ -29,6 +30,8 @@ SCRIPT = textwrap.dedent("""
 
     os.environ["TOKENIZERS_PARALLELISM"] = "true"  # the driver's own choice, which start-up must leave alone
     connect_ray(load_config(["ray.num_cpus=2"]))
+    monitors = [p.pid for p in psutil.Process().children() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                and any(a.endswith(MONITOR_SCRIPT) for a in p.cmdline())]
     idle, deadline = set(), time.monotonic() + 60
     while not idle and time.monotonic() < deadline:  # the workers Ray starts ahead, once they are up
         idle = {p.pid for p in psutil.Process().children(recursive=True) if p.name() == "ray::IDLE"}
@@ -36,7 +39,7 @@ SCRIPT = textwrap.dedent("""
     group = WorkerGroup("rollout", Probe, 2, lambda r: {}, timeout_s=120, cpus=0.01, env=actor_env())
     reports = group.each(Probe.report).result()
     print(json.dumps({"driver": os.environ["TOKENIZERS_PARALLELISM"], "idle": sorted(idle), "env": actor_env(),
-                      "workers": reports}))
+                      "workers": reports, "monitors": monitors}))
     ray.shutdown()
 """)
 
@@ -50,6 +53,7 @@ def test_a_local_instance_hands_its_started_workers_to_actors_with_the_worker_en
     assert out["driver"] == "true"  # restored after ray.init
     assert out["env"] == {}  # nothing to add per actor: no runtime env, so the started workers match
     assert out["idle"], "Ray started no worker ahead"
+    assert out["monitors"] == [], "the autoscaler monitor outlived the start"
     for _, env in out["workers"]:
         assert env == WORKER_ENV  # inherited from the raylet
     reused = {pid for pid, _ in out["workers"]} & set(out["idle"])

@@ -40,6 +40,27 @@ def test_tiny_model_is_deterministic_and_reused(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".tiny-*"))  # the temp directory was renamed into place
 
 
+def test_the_driver_builds_a_tiny_model_in_a_child_without_loading_the_modeling_code(tmp_path: Path) -> None:
+    """``apart=True`` in a process that has not loaded transformers' modeling code: the model is built by a child
+    process (the same weights as built in place), and the calling process still has not loaded that code."""
+    import json
+    import subprocess
+    import sys
+
+    cfg = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32, seed=3)
+    script = ("import json, sys; from toolbox.models.loading import TinyModelConfig; "
+              "from toolbox.models.tiny import ensure_tiny_model; "
+              "ensure_tiny_model(sys.argv[1], TinyModelConfig.model_validate_json(sys.argv[2]), '0123456789+=', "
+              "apart=True); print(json.dumps('transformers.modeling_utils' in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "apart"), cfg.model_dump_json()],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) is False
+    here = ensure_tiny_model(tmp_path / "here", cfg, "0123456789+=")  # built in this process
+    sa, sb = load_causal_lm(str(tmp_path / "apart")).state_dict(), load_causal_lm(str(here)).state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
 def test_unknown_arch_fails_in_config_naming_the_field() -> None:
     with pytest.raises(ConfigError, match=r"model\.tiny\.arch: Input should be 'qwen2' or 'llama'"):
         load_config(["model.tiny.arch=gpt9"])

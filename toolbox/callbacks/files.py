@@ -6,6 +6,7 @@ import functools
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -121,11 +122,21 @@ class CurveConfig(BaseModel):
     filename: str = Field("curves.png", description="PNG file in the run directory.")
 
 
-_DRAWING: list[threading.Thread] = []  # dashboards being drawn in the background (`CurvePlot.background`)
+_PENDING: list[Callable[[], Any]] = []  # dashboards waiting for `start_plots` (`CurvePlot.background`)
+_DRAWING: list[threading.Thread] = []  # dashboards being drawn in the background
+
+
+def start_plots() -> None:
+    """Start drawing, each in a thread, the dashboards the run left for the background."""
+    while _PENDING:
+        drawing = threading.Thread(target=_PENDING.pop(0), name="curves-png")
+        drawing.start()
+        _DRAWING.append(drawing)
 
 
 def wait_for_plots() -> None:
-    """Return once every dashboard started in the background is written."""
+    """Return once every dashboard left for the background is written (started here if it was not yet)."""
+    start_plots()
     while _DRAWING:
         _DRAWING.pop().join()
 
@@ -134,8 +145,9 @@ def wait_for_plots() -> None:
 class CurvePlot:
     """At the end of a run, draws the run's dashboard (`toolbox.callbacks.plots`) into a PNG (matplotlib, headless).
 
-    ``background`` (set by `toolbox.run`, which then calls `wait_for_plots`): draw in a thread, so the second of
-    matplotlib work overlaps Ray's shutdown instead of preceding it."""
+    ``background`` (set by `toolbox.run`): leave the drawing for `start_plots`, which the entry point calls once the
+    run's actors are gone, so matplotlib's ~90 MiB never adds to theirs at the run's peak, and the second of
+    matplotlib work overlaps Ray's shutdown instead of preceding it; `wait_for_plots` waits for it."""
 
     background = False
 
@@ -161,6 +173,4 @@ class CurvePlot:
         if not CurvePlot.background:
             draw()
             return
-        drawing = threading.Thread(target=draw, name="curves-png")
-        drawing.start()
-        _DRAWING.append(drawing)
+        _PENDING.append(draw)

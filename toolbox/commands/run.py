@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from toolbox.callbacks.console import stderr_console
-from toolbox.callbacks.files import CurvePlot, wait_for_plots
+from toolbox.callbacks.files import CurvePlot, start_plots, wait_for_plots
 from toolbox.core.errors import ConfigError, WorkerError
 from toolbox.core.memory import RunMemory
 from toolbox.driver.local_ray import EarlyRay, early_start_wanted
@@ -102,12 +102,14 @@ def run(cfg, console: Console, clock: StartupClock | None = None,  # noqa: ANN00
     started_ray, watchdog, code = start_ray(cfg, builder, console, stop, early)
     if code is not None:
         return code
-    CurvePlot.background = True  # the dashboard is drawn while Ray shuts down (`wait_for_plots` below)
+    CurvePlot.background = True  # the dashboard is drawn once the actors are gone, while Ray shuts down (`start_plots`)
     # A local instance's daemons and workers are this process's descendants: its peak counts them all.
     memory = RunMemory(whole_run=started_ray and str(ray_init_kwargs(cfg)["address"]) == "local").start()
     try:
         trainer = builder.build_trainer()
         summary = trainer.fit()
+        end_workers(builder, started_ray)
+        start_plots()
         console.print(f"results: {builder.run_dir}  (total wall time incl. start-up: {time.perf_counter() - started:.0f}s)")
         if clock is not None and clock.done:
             console.print(f"start-up: {clock.summary()}")
@@ -131,6 +133,16 @@ def run(cfg, console: Console, clock: StartupClock | None = None,  # noqa: ANN00
         wait_for_plots()
         CurvePlot.background = False
         stop.end(watchdog, 0)
+
+
+def end_workers(builder: Any, local: bool) -> None:
+    """The run's actors killed, and on a local instance gone, before the dashboard is drawn: the ~90 MiB matplotlib
+    takes in the driver never adds to the workers' memory at the run's peak."""
+    from toolbox.driver.local_ray import wait_gone, worker_processes
+
+    workers = worker_processes() if local else []
+    builder.shutdown()
+    wait_gone(workers)
 
 
 def start_ray(cfg, builder: Any, console: Console, stop: SignalStop,  # noqa: ANN001 - ExperimentConfig, lazily

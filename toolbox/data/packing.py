@@ -127,8 +127,9 @@ def check_packing(model: torch.nn.Module, vocab_size: int, tol: float | None = N
     was_training = model.training
     model.eval()
     try:
-        logits_packed = model(**packed.model_inputs()).logits[0, 5:]
-        logits_alone = model(**alone.model_inputs()).logits[0]
+        with torch.no_grad():
+            logits_packed = model(**packed.model_inputs()).logits[0, 5:]
+            logits_alone = model(**alone.model_inputs()).logits[0]
     finally:
         model.train(was_training)
     tol = logit_tolerance(logits_alone) if tol is None else tol

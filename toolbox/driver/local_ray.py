@@ -55,6 +55,25 @@ def start_local(kwargs: dict[str, Any]) -> None:
             else:
                 os.environ[key] = value
     _INHERITED[ray.get_runtime_context().gcs_address] = dict(WORKER_ENV)
+    end_monitor()
+
+
+def end_monitor() -> None:
+    """Kill Ray's autoscaler monitor among this process's children: the local instance's, if this process started one.
+
+    Why: the monitor scales a cluster, and a local instance has nothing to scale; it holds nothing of the run's
+    (a run's own placement timeouts name what cannot be placed), so a SIGKILL loses nothing. Ended as soon as the
+    instance is up, it gives back its ~50 MiB for the whole run (`toolbox bench default_run` counts every process),
+    and at shutdown it cannot hold Ray up (see `shutdown`). A cluster this process merely connected to is left
+    alone: its monitor is not a child."""
+    import psutil
+
+    for proc in psutil.Process().children():
+        try:
+            if any(arg.endswith(MONITOR_SCRIPT) for arg in proc.cmdline()):
+                proc.kill()  # reaped by Ray's own handle on it
+        except psutil.Error:  # gone meanwhile
+            continue
 
 
 def shutdown() -> None:
@@ -62,19 +81,38 @@ def shutdown() -> None:
 
     Why: Ray's shutdown stops the GCS before the monitor, whose SIGTERM handler then tries to record its end in the
     GCS and waits until Ray kills it a second later (``ray._private.node._kill_process_impl``): 1.0 of the 1.35 s a
-    local instance took to shut down on 2 cores. The monitor (it scales a cluster; a local instance has nothing to
-    scale) holds nothing of the run's, so a SIGKILL loses nothing. Only this process's own children are looked at:
-    a cluster it merely connected to is left alone."""
-    import psutil
+    local instance took to shut down on 2 cores. `start_local` ends it already; an instance started otherwise (a
+    plain ``ray.init``) still has it here."""
     import ray
 
-    for proc in psutil.Process().children():
+    end_monitor()
+    ray.shutdown()
+
+
+RAY_DAEMONS = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")  # Ray's own processes titled ``ray::``
+
+
+def worker_processes() -> list[Any]:
+    """The processes among this process's descendants that run Ray actors or tasks (Ray titles them
+    ``ray::Class`` or ``ray::Class.method``): a local instance's busy workers, none for a cluster's."""
+    import psutil
+
+    found = []
+    for proc in psutil.Process().children(recursive=True):
         try:
-            if any(arg.endswith(MONITOR_SCRIPT) for arg in proc.cmdline()):
-                proc.kill()
+            title = (proc.cmdline() or [""])[0]
         except psutil.Error:  # gone meanwhile
             continue
-    ray.shutdown()
+        if title.startswith("ray::") and not title.startswith(RAY_DAEMONS):
+            found.append(proc)
+    return found
+
+
+def wait_gone(procs: list[Any], timeout_s: float = 3.0) -> None:
+    """Return once ``procs`` (`worker_processes`, their actors killed) have exited, or after ``timeout_s``."""
+    import psutil
+
+    psutil.wait_procs(procs, timeout=timeout_s)
 
 
 def actor_env() -> dict[str, str]:

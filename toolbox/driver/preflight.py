@@ -49,7 +49,8 @@ def resolve_model_path(cfg: ExperimentConfig, run_root: Path) -> str:
     task = TASKS.build(cfg.task, inject={"data": cfg.data})
     digest = hashlib.sha1((model.name + model.tiny.model_dump_json() + task.alphabet()).encode()).hexdigest()[:10]
     path = Path(model.path) if model.path else run_root / ".models" / f"tiny-{model.name}-{model.tiny.arch}-{digest}"
-    return with_cold_start(cfg, str(ensure_tiny_model(path, model.tiny, task.alphabet(), model.name)), run_root)
+    return with_cold_start(cfg, str(ensure_tiny_model(path, model.tiny, task.alphabet(), model.name, apart=True)),
+                           run_root)
 
 
 def with_cold_start(cfg: ExperimentConfig, base: str, run_root: Path) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -55,12 +57,21 @@ def _model_config(cfg: TinyModelConfig, tokenizer):  # noqa: ANN001, ANN202
     )
 
 
-def ensure_tiny_model(path: str | os.PathLike[str], cfg: TinyModelConfig, alphabet: str, family: str = "hf") -> Path:
+def ensure_tiny_model(path: str | os.PathLike[str], cfg: TinyModelConfig, alphabet: str, family: str = "hf",
+                      apart: bool = False) -> Path:
     """Write a tiny model of ``family`` (`toolbox.models.causal_lm.MODELS`) + tokenizer to ``path`` unless one is
-    already there; return the path."""
+    already there; return the path.
+
+    ``apart`` (the driver): build it in a child process unless this process has loaded transformers' modeling
+    code already. The driver only reads the tokenizer; building the model would import the modeling code into
+    it for the whole run: about 90 MiB more at the run's peak (`toolbox bench default_run`, the first run of a
+    fresh ``run_root``), for ~1 CPU s of the child's own torch import, spent while Ray starts."""
     target = Path(path)
     if (target / "config.json").exists():
         return target  # before importing transformers: the driver resolves the path before any actor starts
+    if apart and "transformers.modeling_utils" not in sys.modules:
+        _build_in_child(target, cfg, alphabet, family)
+        return target
     from toolbox.models.causal_lm import MODELS
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -76,3 +87,15 @@ def ensure_tiny_model(path: str | os.PathLike[str], cfg: TinyModelConfig, alphab
     except OSError:  # another worker got there first; its copy is identical
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _build_in_child(target: Path, cfg: TinyModelConfig, alphabet: str, family: str) -> None:
+    """`ensure_tiny_model` in a fresh Python process; its error, if any, raised here with the child's last words."""
+    code = ("import sys; from toolbox.models.loading import TinyModelConfig; from toolbox.models.tiny import "
+            "ensure_tiny_model; ensure_tiny_model(sys.argv[1], TinyModelConfig.model_validate_json(sys.argv[2]), "
+            "sys.argv[3], sys.argv[4])")
+    done = subprocess.run([sys.executable, "-c", code, str(target), cfg.model_dump_json(), alphabet, family],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not (target / "config.json").exists():
+        raise RuntimeError(f"building the tiny model at {target} failed (exit {done.returncode}):\n"
+                           f"{done.stderr[-3000:]}")
