@@ -28,8 +28,12 @@ import ray
 
 from tests.e2e.ray_nodes import free_port, start_node, stop_nodes
 from tests.run_files import steps, wait_for
+from toolbox.driver.local_ray import RAY_ENV
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# Both nodes run with the settings of the toolbox image (RAY_ENV); a removed node drains for 2 s, not Ray's 30 s (no
+# Serve proxy here to drain).
+NODE_ENV = {**RAY_ENV, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "2"}
 # The rollout workers need node_b (only the second node has it), the learner ranks node_a (only the head).
 SPLIT = ["experiment=grpo_tiny_fsdp2", "rollout.num_workers=2", "reward.num_workers=1", "learner.num_workers=2",
          "ray.placement.rollout.resources.node_b=1", "ray.placement.learner.resources.node_a=1", "algorithm.prompts_per_step=4", "learner.micro_batch_size=8",
@@ -67,6 +71,7 @@ def cluster() -> Iterator[Cluster]:
     temp = tempfile.mkdtemp(prefix="raymn", dir="/tmp")  # short: Ray's unix socket paths stay under 107 bytes
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_AUTH_MODE"] = "token"
+    env.update(NODE_ENV)
     port, ip = free_port(), ray.util.get_node_ip_address()  # the GCS listens on this node's IP, not on 127.0.0.1
     env["RAY_ADDRESS"] = f"{ip}:{port}"
     nodes = Cluster(env, ["--num-cpus=2", f"--temp-dir={temp}", "--disable-usage-stats"])

@@ -19,14 +19,14 @@ SCRIPT = textwrap.dedent("""
     import psutil, ray
     from toolbox.actors.group import WorkerGroup
     from toolbox.config import load_config
-    from toolbox.driver.local_ray import MONITOR_SCRIPT, WORKER_ENV, actor_env
+    from toolbox.driver.local_ray import MONITOR_SCRIPT, RAY_ENV, WORKER_ENV, actor_env
     from toolbox.driver.ray_connect import connect_ray
 
     class Probe:
         def ready(self):
             return {}
         def report(self):
-            return os.getpid(), {k: os.environ.get(k) for k in WORKER_ENV}
+            return os.getpid(), {k: os.environ.get(k) for k in (*WORKER_ENV, *RAY_ENV)}
 
     os.environ["TOKENIZERS_PARALLELISM"] = "true"  # the driver's own choice, which start-up must leave alone
     connect_ray(load_config(["ray.num_cpus=2"]))
@@ -38,24 +38,24 @@ SCRIPT = textwrap.dedent("""
         time.sleep(0.2)
     group = WorkerGroup("rollout", Probe, 2, lambda r: {}, timeout_s=120, cpus=0.01, env=actor_env())
     reports = group.each(Probe.report).result()
-    print(json.dumps({"driver": os.environ["TOKENIZERS_PARALLELISM"], "idle": sorted(idle), "env": actor_env(),
+    print(json.dumps({"driver": os.environ["TOKENIZERS_PARALLELISM"], "driver_ray": [os.environ.get(k) for k in RAY_ENV], "idle": sorted(idle), "env": actor_env(),
                       "workers": reports, "monitors": monitors}))
     ray.shutdown()
 """)
 
 
 def test_a_local_instance_hands_its_started_workers_to_actors_with_the_worker_env() -> None:
-    from toolbox.driver.local_ray import WORKER_ENV
+    from toolbox.driver.local_ray import RAY_ENV, WORKER_ENV
 
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["driver"] == "true"  # restored after ray.init
+    assert out["driver"] == "true" and out["driver_ray"] == [None] * len(RAY_ENV)  # restored after ray.init
     assert out["env"] == {}  # nothing to add per actor: no runtime env, so the started workers match
     assert out["idle"], "Ray started no worker ahead"
     assert out["monitors"] == [], "the autoscaler monitor outlived the start"
     for _, env in out["workers"]:
-        assert env == WORKER_ENV  # inherited from the raylet
+        assert env == WORKER_ENV | RAY_ENV  # inherited from the raylet
     reused = {pid for pid, _ in out["workers"]} & set(out["idle"])
     assert reused, f"no actor ran in a worker Ray had started ahead: actors {out['workers']}, idle {out['idle']}"
 

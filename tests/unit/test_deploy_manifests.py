@@ -406,3 +406,13 @@ def test_deploy_render_cli_prints_yaml_and_rejects_a_bad_config(capsys: pytest.C
     assert "role learner: one actor needs {'CPU': 8.0}" in capsys.readouterr().err
     assert main(["deploy", "render", "experiment=grpo_tiny", "trainer.run_root=/elsewhere"]) == 2
     assert "trainer.run_root=/elsewhere" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.vllm", "Dockerfile.sglang"])
+def test_every_image_sets_the_ray_settings_of_a_local_run(name: str) -> None:
+    """A cluster of the toolbox image behaves as a run's own local instance does (`RAY_ENV`)."""
+    from toolbox.driver.local_ray import RAY_ENV
+
+    text = (DOCKERFILE.parent / name).read_text()
+    for key, value in RAY_ENV.items():
+        assert re.search(rf"^\s*{key}={value}\b", text, re.MULTILINE), f"deploy/docker/{name} does not set {key}={value}"

@@ -10,7 +10,7 @@ import pytest
 
 from toolbox.config import load_config
 from toolbox.core.events import Event, EventBus
-from toolbox.driver.local_ray import WORKER_ENV, actor_env
+from toolbox.driver.local_ray import RAY_ENV, WORKER_ENV, actor_env
 from toolbox.driver.ray_connect import ray_init_kwargs
 from toolbox.driver.startup import StartupClock, launch_time
 
@@ -68,7 +68,11 @@ def test_a_local_instance_passes_the_worker_env_by_inheritance_a_cluster_by_runt
     local = ray_init_kwargs(load_config([]))
     assert local["address"] == "local" and "runtime_env" not in local  # workers Ray starts ahead stay usable
     cluster = ray_init_kwargs(load_config(["ray.address=10.0.0.1:6379"]))
-    assert cluster["runtime_env"] == {"env_vars": WORKER_ENV}
+    assert cluster["runtime_env"] == {"env_vars": RAY_ENV | WORKER_ENV}
+    setting = next(iter(RAY_ENV))
+    monkeypatch.setenv(setting, "12")  # the driver's own value wins
+    cluster = ray_init_kwargs(load_config(["ray.address=10.0.0.1:6379"]))
+    assert cluster["runtime_env"]["env_vars"][setting] == "12"
 
 
 def test_actors_get_the_whole_worker_env_unless_this_process_started_their_instance() -> None:

@@ -24,6 +24,20 @@ from toolbox.core.paths import DEFAULT_EXPERIMENT, experiment_path
 # Quiet worker processes: transformers' load/save bars would drown the run's own progress.
 WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false",
               "OMP_NUM_THREADS": "1"}
+# Ray's own settings for a run's local instance (Ray reads ``RAY_<setting>`` from each of its processes' environment).
+# A restarted actor whose caller lost a call mid-flight (its process or node died) waits this long for the lost call
+# before it runs the ones queued behind it; Ray's 30 s stalled every self-healed rollout worker for 30 s (a removed
+# node: run done 4 s after the node was gone instead of 35 s, tests/e2e/test_multinode.py). Calls are sent in order,
+# so only a lost call leaves such a gap. The KubeRay image sets the same (deploy/docker/Dockerfile); a value in the
+# driver's environment wins.
+RAY_ENV = {"RAY_actor_scheduling_queue_max_reorder_wait_seconds": "5"}
+
+
+def ray_env() -> dict[str, str]:
+    """`RAY_ENV`, with the values this process's environment sets instead."""
+    return {key: os.environ.get(key, value) for key, value in RAY_ENV.items()}
+
+
 LOCAL_DEFAULTS: dict[str, Any] = {"address": "local", "include_dashboard": False}  # `ray_init_kwargs`, no ray: section
 MONITOR_SCRIPT = "autoscaler/_private/monitor.py"  # Ray's autoscaler monitor, one process of a local head
 
@@ -33,19 +47,19 @@ _INHERITED: dict[str, dict[str, str]] = {}
 
 
 def start_local(kwargs: dict[str, Any]) -> None:
-    """``ray.init`` of a new local instance whose processes inherit `WORKER_ENV`: set in this process's environment
-    while the head processes start (the raylet passes its environment on to every worker), then restored.
+    """``ray.init`` of a new local instance whose processes inherit `WORKER_ENV` and `RAY_ENV`: set in this
+    process's environment while the head processes start (the raylet passes its environment on to every worker),
+    then restored.
 
     Why not a runtime env: Ray starts a worker process per CPU ahead, with the raylet's environment, and hands
     one to an actor only when their runtime envs match; actors without one (`actor_env` is empty here) take
     them, instead of each waiting for a new process (tests/integration/test_local_start.py)."""
     import ray
 
-    if "runtime_env" in kwargs:  # asked for explicitly: Ray's way, no inheritance
-        ray.init(**kwargs)
-        return
-    saved = {k: os.environ.get(k) for k in WORKER_ENV}
-    os.environ.update(WORKER_ENV)
+    explicit = "runtime_env" in kwargs  # asked for explicitly: Ray's way, WORKER_ENV is not inherited
+    values = ray_env() | ({} if explicit else WORKER_ENV)
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
     try:
         ray.init(**kwargs)
     finally:
@@ -54,7 +68,8 @@ def start_local(kwargs: dict[str, Any]) -> None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    _INHERITED[ray.get_runtime_context().gcs_address] = dict(WORKER_ENV)
+    if not explicit:
+        _INHERITED[ray.get_runtime_context().gcs_address] = dict(WORKER_ENV)
     end_monitor()
 
 

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from toolbox.config.schema import ExperimentConfig
 from toolbox.core.errors import ConfigError
 from toolbox.core.retry import RetryPolicy
-from toolbox.driver.local_ray import LOCAL_DEFAULTS, WORKER_ENV, start_local
+from toolbox.driver.local_ray import LOCAL_DEFAULTS, WORKER_ENV, ray_env, start_local
 
 
 def live_nodes() -> int:
@@ -29,11 +29,12 @@ def ray_init_kwargs(cfg: ExperimentConfig) -> dict[str, Any]:
     Without an address the instance is always a new one (``address="local"``): ``None`` would join whatever
     cluster /tmp/ray/ray_current_cluster names, someone else's, or a dead one that hangs start-up forever. Its
     workers inherit `WORKER_ENV` from the raylet (`connect_ray`) rather than from a job runtime env, which would
-    keep Ray from handing the worker processes it starts ahead to our actors.
+    keep Ray from handing the worker processes it starts ahead to our actors. A cluster's workers get both from the
+    job's runtime env (`ray_env`: Ray's settings that act inside each actor's process).
     """
     address = cfg.ray.address or os.environ.get("RAY_ADDRESS") or "local"
     if address != "local":
-        return {"address": address, "runtime_env": {"env_vars": WORKER_ENV}}
+        return {"address": address, "runtime_env": {"env_vars": ray_env() | WORKER_ENV}}
     kwargs = dict(LOCAL_DEFAULTS)
     if cfg.ray.num_cpus:
         kwargs["num_cpus"] = cfg.ray.num_cpus
