@@ -22,15 +22,23 @@ def requests(engine: HFEngine, repeat: int = 2) -> list[PromptRequest]:
             for _ in range(repeat)]
 
 
+def transformers_engine(path: Path, seed: int) -> HFEngine:
+    """An engine on the transformers model, which every decode path and forward can run on, decoding as the default
+    does (toolbox's own forward)."""
+    eng = ENGINES.build({"name": "hf", "forward": "transformers"}, inject={"model_path": str(path), "seed": seed})
+    eng.config = eng.config.model_copy(update={"forward": "auto"})
+    return eng
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> HFEngine:
-    return ENGINES.build({"name": "hf"}, inject={"model_path": str(tiny_model_dir), "seed": 0})
+    return transformers_engine(tiny_model_dir, seed=0)
 
 
 @pytest.fixture(scope="module")
 def eos_engine(tiny_model_dir: Path) -> HFEngine:
     """The tiny model with a bias towards EOS, so some rows stop early and some run to the length limit."""
-    eng = ENGINES.build({"name": "hf"}, inject={"model_path": str(tiny_model_dir), "seed": 1})
+    eng = transformers_engine(tiny_model_dir, seed=1)
     old = eng.model.lm_head
     head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
     with torch.no_grad():

@@ -62,9 +62,10 @@ def build_engine(case: Case, root: Path) -> Any:
     """An ``hf`` engine on the case's model (built under ``root`` once), its EOS logit raised by ``eos_bias``."""
     import torch
 
-    from toolbox.engines.hf import HFEngine
+    from toolbox.engines.hf import HFEngine, HFEngineConfig
 
-    engine = HFEngine(model_dir(case.model, root))
+    # The transformers model, which every path runs on (`path_call` sets the path's forward).
+    engine = HFEngine(model_dir(case.model, root), config=HFEngineConfig(forward="transformers"))
     if case.eos_bias:
         head = engine.model.get_output_embeddings()
         biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)

@@ -8,6 +8,7 @@ not drive (flash attention).
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 import torch
@@ -17,10 +18,13 @@ from toolbox.core.devices import resolve_device
 from toolbox.engines.base import ENGINES, SamplingConfig
 from toolbox.engines.decode import check_lean_attention, decode
 from toolbox.learner.lora import LoraConfig, adapter_update, load_adapter
+from toolbox.models.lean_llama import LeanLlama, lean_unsupported, load_lean_llama
 from toolbox.models.loading import load_causal_lm, load_tokenizer
 from toolbox.models.logprobs import token_logprobs
 from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest, RolloutBatch
 from toolbox.rl.weights import WeightBucket, load_into
+
+log = logging.getLogger("toolbox")
 
 
 class HFEngineConfig(BaseModel):
@@ -34,8 +38,9 @@ class HFEngineConfig(BaseModel):
         "model.generate. Both draw the same random numbers, so a seed samples the same tokens.")
     forward: Literal["auto", "transformers"] = Field(
         "auto", description="The lean loop's model forward: 'auto' is toolbox's own for Llama-family models (Llama, "
-        "Qwen2, Mistral: about half the ops per token, toolbox.engines.llama_decode) and transformers' for any "
-        "other; 'transformers' always takes transformers'. Both give the same logits up to float rounding.")
+        "Qwen2, Mistral: about half the ops per token, toolbox.engines.llama_decode; a safetensors directory loads "
+        "without transformers' modeling code, toolbox.models.lean_llama) and transformers' for any other; "
+        "'transformers' always takes transformers'. Both give the same logits up to float rounding.")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "cpu", description="Where the model generates: 'auto' is cuda when the rollout worker has a GPU "
         "(rollout.gpus_per_worker > 0), else cpu. Batches come back on the CPU either way.")
@@ -58,11 +63,23 @@ class HFEngine:
         self.config = config or HFEngineConfig()
         self.tokenizer = load_tokenizer(model_path, trust_remote_code)
         self.device = resolve_device(self.config.device, "rollout.engine.device")
-        self.model = load_causal_lm(model_path, dtype, trust_remote_code).eval().to(self.device)
+        self.model_path, self.dtype, self.trust_remote_code = model_path, dtype, trust_remote_code
+        self.model = self._load().eval().to(self.device)
         if self.config.decode == "lean":
             check_lean_attention(self.model)
         self.generator_seed = seed
         torch.manual_seed(seed)
+
+    def _load(self) -> Any:  # a transformers model or a LeanLlama: the calls the engine makes, both take
+        """toolbox's own Llama-family model where the lean loop runs toolbox's own forward on it (no transformers
+        modeling code in this process: `toolbox.models.lean_llama`), else the model's family's
+        (`load_causal_lm`)."""
+        if self.config.decode == "lean" and self.config.forward == "auto" and lean_unsupported(self.model_path) is None:
+            try:
+                return load_lean_llama(self.model_path, self.dtype)
+            except ValueError as err:  # weights lean_unsupported could not see from the config: transformers loads it
+                log.warning("%s; loading the transformers model instead", err)
+        return load_causal_lm(self.model_path, self.dtype, self.trust_remote_code)
 
     @torch.no_grad()
     def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:
@@ -118,6 +135,10 @@ class HFEngine:
     def update_weights(self, buckets: list[WeightBucket]) -> int:
         lora = adapter_update(buckets)
         if lora is not None:  # learner.lora.sync: adapter: peft adapters on this engine's model, loaded in place
+            if isinstance(self.model, LeanLlama):  # peft wraps transformers' modules: that model, same weights
+                model = load_causal_lm(self.model_path, self.dtype, self.trust_remote_code)
+                model.load_state_dict(self.model.state_dict())
+                self.model = model.eval().to(self.device)
             self.model, loaded = load_adapter(self.model, buckets, lora)
             return loaded
         return load_into(self.model, buckets)

@@ -93,12 +93,18 @@ class LlamaDecoder:
     def prefill(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, pos_BP: torch.Tensor) -> torch.Tensor:
         """The prompts' forward (left-padded; ``pos`` counts real tokens): fills the cache, returns the last
         position's logits ``[B, V]``."""
+        return self._logits(self._prefill(ids_BP, mask_BP, pos_BP)[:, -1])
+
+    def logits(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, pos_BP: torch.Tensor) -> torch.Tensor:
+        """`prefill`, with the logits of every position ``[B, P, V]`` (a whole-sequence forward)."""
+        return self._logits(self._prefill(ids_BP, mask_BP, pos_BP))
+
+    def _prefill(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, pos_BP: torch.Tensor) -> torch.Tensor:
         p = ids_BP.shape[1]
         causal = torch.ones((p, p), dtype=torch.bool, device=ids_BP.device).tril()
         # A padding query attends to itself too: its row is never fully masked (NaN would reach the cache).
         mask = (causal & mask_BP.bool()[:, None, :]) | torch.eye(p, dtype=torch.bool, device=ids_BP.device)
-        hidden = self._layers(self.model.model.embed_tokens(ids_BP), pos_BP, mask[:, None])
-        return self._logits(hidden[:, -1])
+        return self._layers(self.model.model.embed_tokens(ids_BP), pos_BP, mask[:, None])
 
     def step(self, token_B: torch.Tensor, pos_B: torch.Tensor, keys_BL: torch.Tensor) -> torch.Tensor:
         """One new token per row at position ``pos``; ``keys`` marks the cache slots each row attends to (the

@@ -1,0 +1,202 @@
+"""A Llama-family causal LM (Llama, Qwen2, Mistral) for inference only, in plain torch: the ``hf`` engine's model
+where its lean loop runs toolbox's own forward (`toolbox.engines.llama_decode.LlamaDecoder`).
+
+That forward reads nothing of a transformers model but its parameters and a few config values, so the engine needs
+transformers' modeling code only to build the module tree. `LeanLlama` is that tree with the same parameter names
+and shapes, built from the directory's ``config.json`` and filled from its safetensors: a rollout worker then never
+imports ``transformers.modeling_utils`` (with torch.distributed.tensor, dynamo, sympy and accelerate behind it):
+about 2 CPU s and 100 MiB less per worker process (`toolbox bench startup`). Weight syncs, ``state_dict`` and
+checkpoints see the names transformers uses. Hand-written because it is the part of transformers' model the lean
+loop already replaces; the transformers model stays the reference (tests compare tokens and logits).
+
+`lean_unsupported` says why a directory needs transformers' model instead (another architecture, a RoPE or
+attention variant `LlamaDecoder` does not compute, remote code, quantized or non-safetensors weights); the engine
+then loads that, as it does for ``decode: generate``, ``forward: transformers`` and LoRA adapters.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+from toolbox.engines.llama_decode import MODEL_TYPES, LlamaDecoder, column_major_weights
+
+PROJECTIONS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
+SINGLE_FILE, INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+def lean_unsupported(path: str | Path) -> str | None:
+    """Why the model saved at ``path`` cannot load as a `LeanLlama` (``None``: it can)."""
+    root = Path(path)
+    if not (root / "config.json").is_file():
+        return "no local config.json (a hub id)"
+    cfg = json.loads((root / "config.json").read_text())
+    model_type = cfg.get("model_type")
+    if MODEL_TYPES.get(model_type) is None or cfg.get("architectures", [MODEL_TYPES[model_type]]) != [MODEL_TYPES[model_type]]:
+        return f"architecture {cfg.get('architectures')} ({model_type!r})"
+    for key, why in (("auto_map", "remote code"), ("quantization_config", "quantized weights"),
+                     ("mlp_bias", "MLP biases"), ("use_sliding_window", "sliding-window attention")):
+        if cfg.get(key):
+            return why
+    if model_type != "qwen2" and cfg.get("sliding_window"):  # qwen2 uses it only with use_sliding_window
+        return "sliding-window attention"
+    if any(kind != "full_attention" for kind in cfg.get("layer_types") or []):
+        return "sliding-window attention"
+    rope = _rope(cfg)
+    if rope.get("rope_type", rope.get("type", "default")) != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0:
+        return f"RoPE {rope}"
+    if cfg.get("hidden_act", "silu") != "silu":
+        return f"activation {cfg.get('hidden_act')!r}"
+    if cfg.get("pretraining_tp", 1) != 1:
+        return "pretraining_tp > 1"
+    if not (root / SINGLE_FILE).is_file() and not (root / INDEX).is_file():
+        return "no safetensors weights"
+    return None
+
+
+def _rope(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The RoPE parameters of a config.json (transformers 5's ``rope_parameters``, or 4's ``rope_theta`` and
+    ``rope_scaling``)."""
+    return cfg.get("rope_parameters") or {"rope_theta": cfg.get("rope_theta", 10000.0), **(cfg.get("rope_scaling") or {})}
+
+
+class _Linear(nn.Linear):
+    """A projection whose weights come from the checkpoint: no random init (on the meta device torch's init would
+    import dynamo, the cost this model avoids)."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class _Embedding(nn.Embedding):
+    def reset_parameters(self) -> None:
+        pass
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight, self.variance_epsilon = nn.Parameter(torch.empty(size, device="meta")), eps
+
+
+class _Rotary(nn.Module):
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # not in state_dict, as in transformers
+        self.attention_scaling = 1.0
+
+
+class _Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, biases: set[str]) -> None:
+        super().__init__()
+        self.head_dim, self.scaling = head_dim, head_dim**-0.5
+        sizes = {"q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv_heads * head_dim),
+                 "v_proj": (hidden, kv_heads * head_dim), "o_proj": (heads * head_dim, hidden)}
+        for name, (n_in, n_out) in sizes.items():
+            setattr(self, name, _Linear(n_in, n_out, bias=name in biases, device="meta"))
+
+
+class _MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = _Linear(hidden, intermediate, bias=False, device="meta")
+        self.up_proj = _Linear(hidden, intermediate, bias=False, device="meta")
+        self.down_proj = _Linear(intermediate, hidden, bias=False, device="meta")
+
+
+class _Layer(nn.Module):
+    def __init__(self, cfg: SimpleNamespace, biases: set[str]) -> None:
+        super().__init__()
+        self.self_attn = _Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                                    biases)
+        self.mlp = _MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class _Body(nn.Module):
+    def __init__(self, cfg: SimpleNamespace, rope_theta: float, biases: set[str]) -> None:
+        super().__init__()
+        self.embed_tokens = _Embedding(cfg.vocab_size, cfg.hidden_size, device="meta")
+        self.layers = nn.ModuleList(_Layer(cfg, biases) for _ in range(cfg.num_hidden_layers))
+        self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary_emb = _Rotary(cfg.head_dim, rope_theta)
+
+
+class LeanLlama(nn.Module):
+    """transformers' ``<Llama|Qwen2|Mistral>ForCausalLM`` parameters under the same names, decoded by
+    `LlamaDecoder` (`decoder`) and run whole by `forward` (inference only: no gradients, a 2-D padding mask)."""
+
+    def __init__(self, config: dict[str, Any], biases: set[str]) -> None:
+        super().__init__()
+        cfg = SimpleNamespace(**{"rms_norm_eps": 1e-6, "tie_word_embeddings": False, **config})
+        cfg.head_dim = config.get("head_dim") or cfg.hidden_size // cfg.num_attention_heads
+        cfg._attn_implementation = "sdpa"
+        self.config = cfg
+        self.model = _Body(cfg, float(_rope(config)["rope_theta"]), biases)
+        self.lm_head = _Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device="meta")
+
+    def tie(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def decoder(self, batch: int, max_len: int) -> LlamaDecoder:
+        """The lean loop's decoder over this model (weights column-major on a CPU: `column_major_weights`)."""
+        column_major_weights(self)  # type: ignore[arg-type]  # what it reads of a transformers model, this has
+        return LlamaDecoder(self, batch, max_len)  # type: ignore[arg-type]  # reads what it reads of a transformers model
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, logits_to_keep: int = 0, **_: Any) -> SimpleNamespace:
+        """Logits ``[B, T, V]`` (the last ``logits_to_keep`` positions when given) of a left-padded batch; positions
+        count from 0 at the first column unless ``position_ids`` says otherwise, as transformers' forward does."""
+        b, t = input_ids.shape
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        if mask.dim() != 2:
+            raise ValueError(f"the lean Llama model takes a 2-D padding mask, got shape {tuple(mask.shape)}; load the "
+                             "transformers model for packed rows (rollout.engine.forward: transformers)")
+        pos = torch.arange(t, device=input_ids.device).expand(b, t) if position_ids is None else position_ids
+        logits = LlamaDecoder(self, b, t).logits(input_ids, mask, pos)  # type: ignore[arg-type]
+        return SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def set_output_embeddings(self, head: nn.Module) -> None:
+        self.lm_head = head  # type: ignore[assignment]
+
+
+def load_lean_llama(path: str | Path, dtype: str = "float32") -> LeanLlama:
+    """The model saved at ``path`` (which `lean_unsupported` accepts) as a `LeanLlama` in ``dtype``."""
+    from safetensors import safe_open
+
+    root = Path(path)
+    config = json.loads((root / "config.json").read_text())
+    if (root / INDEX).is_file():
+        files = sorted(set(json.loads((root / INDEX).read_text())["weight_map"].values()))
+    else:
+        files = [SINGLE_FILE]
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        with safe_open(str(root / name), framework="pt") as f:
+            state.update({key: f.get_tensor(key) for key in f.keys()})  # noqa: SIM118 - safe_open has no __iter__
+    biases = {key.split(".")[-2] for key in state if key.endswith("_proj.bias")}
+    model = LeanLlama(config, biases)
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    target = getattr(torch, dtype)
+    state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
+    expected = {k for k in model.state_dict() if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        raise ValueError(f"{root}: weights do not match a {config.get('model_type')} model: missing "
+                         f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie()
+    return model
