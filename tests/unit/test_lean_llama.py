@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.engine_samples import assert_same_samples
 from toolbox.engines.base import SamplingConfig
 from toolbox.engines.hf import HFEngine, HFEngineConfig
 from toolbox.models.lean_llama import LeanLlama, lean_unsupported, load_lean_llama
@@ -84,12 +85,7 @@ def test_an_engine_samples_the_same_tokens_on_either_model(model_dir: Path) -> N
         if synced:
             for engine in (lean, ref):
                 engine.update_weights(pack_state_dict(moved, 1 << 30))
-        torch.manual_seed(7)
-        got = lean.generate(requests, sampling)
-        torch.manual_seed(7)
-        want = ref.generate(requests, sampling)
-        assert torch.equal(got.response_ids_BR, want.response_ids_BR)
-        torch.testing.assert_close(got.logprobs_BR, want.logprobs_BR, atol=1e-5, rtol=1e-5)
+        assert_same_samples(lean, ref, requests, sampling, seed=7)
     assert all(torch.equal(v, moved[k]) for k, v in lean.state_dict().items())
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.engine_samples import assert_same_samples
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.engines.base import SamplingConfig
@@ -84,12 +85,7 @@ def test_hf_engine_takes_the_adapter_alone_and_generates_as_with_merged_weights(
         torch.testing.assert_close(_logits(adapter_engine.model, batch.prompt_ids_BP), want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(_logits(merged_engine.model, batch.prompt_ids_BP), want, rtol=1e-5, atol=1e-5)
     requests = [PromptRequest(row.tolist(), i) for i, row in enumerate(batch.prompt_ids_BP)]
-    torch.manual_seed(11)
-    got = adapter_engine.generate(requests, SAMPLING)
-    torch.manual_seed(11)
-    ref = merged_engine.generate(requests, SAMPLING)
-    assert torch.equal(got.response_ids_BR, ref.response_ids_BR)
-    torch.testing.assert_close(got.logprobs_BR, ref.logprobs_BR, rtol=1e-4, atol=1e-5)
+    assert_same_samples(adapter_engine, merged_engine, requests, SAMPLING, seed=11, rtol=1e-4)
 
 
 def test_an_update_that_does_not_fit_the_adapters_names_what_is_wrong(policy: PolicyRank, tiny_model_dir: Path) -> None:
