@@ -125,7 +125,9 @@ def test_a_model_it_does_not_cover_loads_as_transformers_does(tiny_model_dir: Pa
 
 
 def test_the_transformers_model_where_the_lean_loop_does_not_run_toolboxs_forward(tiny_model_dir: Path) -> None:
-    """``decode: generate`` and ``forward: transformers`` get transformers' model; so does a hub id."""
+    """``decode: generate``, ``forward: transformers`` and an engine that gets LoRA adapters (peft adds them to
+    transformers' modules) get transformers' model; so does a hub id."""
     for config in (HFEngineConfig(decode="generate"), HFEngineConfig(forward="transformers")):
         assert not isinstance(HFEngine(str(tiny_model_dir), config=config).model, LeanLlama)
+    assert not isinstance(HFEngine(str(tiny_model_dir), adapters=True).model, LeanLlama)
     assert lean_unsupported("HuggingFaceTB/SmolLM2-135M-Instruct") == "no local config.json (a hub id)"

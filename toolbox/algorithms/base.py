@@ -49,8 +49,9 @@ def policy_plan(builder: ExperimentBuilder, learner_cls: type, algo: AlgorithmCo
     from toolbox.engines.placement import engine_weight_transfer
 
     c, path = builder.cfg, builder.model_path
+    adapters = c.learner.lora is not None and c.learner.lora.sync == "adapter"  # the engine gets LoRA adapters
     engine = partial(build_engine, ENGINES, c.rollout.engine, path, rollout_dtype(c), c.trainer.seed,
-                     extra=engine_weight_transfer(c))
+                     extra={**engine_weight_transfer(c), "adapters": adapters})
 
     def reward_kwargs(r: int) -> dict[str, Any]:
         return dict(rank=r, spec=c.reward.spec, run=c.reward.run, model_path=path)

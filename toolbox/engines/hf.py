@@ -59,11 +59,13 @@ class HFEngine:
     """
 
     def __init__(self, model_path: str, dtype: str = "float32", config: HFEngineConfig | None = None,
-                 seed: int = 0, trust_remote_code: bool = False) -> None:
+                 seed: int = 0, trust_remote_code: bool = False, adapters: bool = False) -> None:
+        """``adapters``: the learner syncs LoRA adapters (``learner.lora.sync: adapter``), which peft adds to the
+        transformers model's modules: that model from the start."""
         self.config = config or HFEngineConfig()
         self.tokenizer = load_tokenizer(model_path, trust_remote_code)
         self.device = resolve_device(self.config.device, "rollout.engine.device")
-        self.model_path, self.dtype, self.trust_remote_code = model_path, dtype, trust_remote_code
+        self.model_path, self.dtype, self.trust_remote_code, self.adapters = model_path, dtype, trust_remote_code, adapters
         self.model = self._load().eval().to(self.device)
         if self.config.decode == "lean":
             check_lean_attention(self.model)
@@ -74,7 +76,8 @@ class HFEngine:
         """toolbox's own Llama-family model where the lean loop runs toolbox's own forward on it (no transformers
         modeling code in this process: `toolbox.models.lean_llama`), else the model's family's
         (`load_causal_lm`)."""
-        if self.config.decode == "lean" and self.config.forward == "auto" and lean_unsupported(self.model_path) is None:
+        lean = self.config.decode == "lean" and self.config.forward == "auto" and not self.adapters
+        if lean and lean_unsupported(self.model_path) is None:
             try:
                 return load_lean_llama(self.model_path, self.dtype)
             except ValueError as err:  # weights lean_unsupported could not see from the config: transformers loads it
@@ -135,7 +138,7 @@ class HFEngine:
     def update_weights(self, buckets: list[WeightBucket]) -> int:
         lora = adapter_update(buckets)
         if lora is not None:  # learner.lora.sync: adapter: peft adapters on this engine's model, loaded in place
-            if isinstance(self.model, LeanLlama):  # peft wraps transformers' modules: that model, same weights
+            if isinstance(self.model, LeanLlama):  # built without `adapters`: the transformers model, same weights
                 model = load_causal_lm(self.model_path, self.dtype, self.trust_remote_code)
                 model.load_state_dict(self.model.state_dict())
                 self.model = model.eval().to(self.device)
