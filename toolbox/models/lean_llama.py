@@ -26,7 +26,6 @@ from torch import nn
 
 from toolbox.engines.llama_decode import MODEL_TYPES, LlamaDecoder, column_major_weights
 
-PROJECTIONS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
 SINGLE_FILE, INDEX = "model.safetensors", "model.safetensors.index.json"
 
 
@@ -174,7 +173,7 @@ class LeanLlama(nn.Module):
 
 def load_lean_llama(path: str | Path, dtype: str = "float32") -> LeanLlama:
     """The model saved at ``path`` (which `lean_unsupported` accepts) as a `LeanLlama` in ``dtype``."""
-    from safetensors import safe_open
+    from safetensors.torch import load_file
 
     root = Path(path)
     config = json.loads((root / "config.json").read_text())
@@ -184,8 +183,7 @@ def load_lean_llama(path: str | Path, dtype: str = "float32") -> LeanLlama:
         files = [SINGLE_FILE]
     state: dict[str, torch.Tensor] = {}
     for name in files:
-        with safe_open(str(root / name), framework="pt") as f:
-            state.update({key: f.get_tensor(key) for key in f.keys()})  # noqa: SIM118 - safe_open has no __iter__
+        state.update(load_file(root / name))
     biases = {key.split(".")[-2] for key in state if key.endswith("_proj.bias")}
     model = LeanLlama(config, biases)
     if model.config.tie_word_embeddings:
