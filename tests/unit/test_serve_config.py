@@ -43,3 +43,20 @@ def test_a_bare_first_argument_is_the_model() -> None:
     assert parse_args(["runs/r1", "port=9001"]).model == "runs/r1"
     with pytest.raises(ValueError, match="argument 'runs/r2' is not key=value"):
         parse_args(["model=/m", "runs/r2"])  # only the first may be bare
+
+
+def test_the_server_keeps_idle_connections_longer_than_the_clients_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client closes an idle keep-alive connection first: a server closing it at the same moment as the
+    client's pool (httpx: 5 s) resets a request sent into that moment."""
+    import httpx
+    import uvicorn
+    from fastapi import FastAPI
+
+    from toolbox.commands import serve
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(serve, "build_server", lambda config: object())
+    monkeypatch.setattr("toolbox.serving.app.create_app", lambda *args: FastAPI())
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: seen.update(kwargs))
+    assert main(["model=/m"]) == 0
+    assert seen["timeout_keep_alive"] > httpx.Limits().keepalive_expiry  # type: ignore[operator]

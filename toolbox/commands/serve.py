@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import uvicorn
 
-    from toolbox.serving.app import create_app
+    from toolbox.serving.app import KEEP_ALIVE_S, create_app
 
     try:
         server = build_server(config)
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     app = create_app(server, api_key, admin_token)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, timeout_keep_alive=KEEP_ALIVE_S)
     return 0
 
 

@@ -28,6 +28,11 @@ from toolbox.serving.server import Running, ServedModel
 
 log = logging.getLogger(__name__)
 
+# Seconds an idle keep-alive connection stays open (uvicorn's ``timeout_keep_alive``; its default is 5). Longer than
+# the idle expiry of the clients' connection pools (httpx, which the openai package uses: 5 s), so the client always
+# drops an idle connection first: with both at 5 s a request sent just as the server closes the connection is reset.
+KEEP_ALIVE_S = 75
+
 
 def _bearer(request: Request) -> str | None:
     header = request.headers.get("authorization", "")

@@ -23,7 +23,10 @@ def serve_in_thread(app: FastAPI, port: int, timeout_s: float = 60.0) -> Iterato
     """Serve ``app`` on 127.0.0.1:``port`` until the block ends; yields the ``.../v1`` base URL."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    from toolbox.serving.app import KEEP_ALIVE_S
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_keep_alive=KEEP_ALIVE_S))
     thread = threading.Thread(target=server.run, name="toolbox-serve-uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s
