@@ -25,23 +25,38 @@ def online_step(learner: Any, shards: list[RolloutBatch], results: list[RewardRe
     return learner.update(plan, {i: shards[i] for i in plan.shards_for(0)})
 
 
+# What every rank imports, imported once into the fork server each rank is forked from (a spawned rank imports
+# torch and transformers itself: about 3 CPU s per rank).
+PRELOAD = ["tests.unit.learner_steps", "transformers.modeling_utils", "torch.distributed.fsdp",
+           "torch.distributed.checkpoint"]
+
+
 def spawn_two_gloo_ranks(fn: Callable[[int, str, str], None], model_dir: str | Path, out: Path) -> None:
-    """``fn(rank, model_dir, out)`` in two spawned processes, each rank of one gloo group (one thread each) that
-    meets through a fresh rendezvous file.
+    """``fn(rank, model_dir, out)`` in two processes, each rank of one gloo group (one thread each) that meets
+    through a fresh rendezvous file.
+
+    The ranks fork from multiprocessing's fork server, which has imported `PRELOAD` once per test process: like
+    spawned ones they share no state with this process (no Ray, no threads), and they get this process's
+    environment as it is now (the server's is the one it started with).
 
     A file, not a free TCP port: a port found free and released before the ranks bind can be taken in between
     by another process on a busy machine (seen: EADDRINUSE)."""
     rendezvous = Path(tempfile.mkdtemp(prefix="gloo-")) / "rendezvous"
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    mp.spawn(_gloo_rank, args=(fn, str(model_dir), f"file://{rendezvous}", str(out)), nprocs=2, join=True)
+    env = {"TOKENIZERS_PARALLELISM": "false", **os.environ}
+    mp.get_context("forkserver").set_forkserver_preload(PRELOAD)  # read when the server starts (the first call)
+    mp.start_processes(_gloo_rank, args=(fn, str(model_dir), f"file://{rendezvous}", str(out), env), nprocs=2,
+                       join=True, start_method="forkserver")
 
 
-def _gloo_rank(rank: int, fn: Callable[[int, str, str], None], model_dir: str, init_method: str, out: str) -> None:
+def _gloo_rank(rank: int, fn: Callable[[int, str, str], None], model_dir: str, init_method: str, out: str,
+               env: dict[str, str]) -> None:
     """Run ``fn`` as one rank, then leave without gloo's teardown.
 
     Both ranks pass a barrier and exit with ``os._exit(0)``: destroying the group or running the interpreter's
     exit aborted a rank now and then in CI ("terminate called without an active exception", SIGABRT) after the
-    test's work was done and written. A rank whose ``fn`` raises leaves through ``mp.spawn``, which reports it."""
+    test's work was done and written. A rank whose ``fn`` raises leaves through ``mp.start_processes``, which reports it."""
+    os.environ.clear()
+    os.environ.update(env)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=2)
     fn(rank, model_dir, out)
