@@ -33,9 +33,10 @@ LORA = LoraConfig(r=8, alpha=16.0)
 def test_two_lora_grpo_steps_train_the_adapters_and_leave_the_base_weights(ray_session: None, smollm2_dir: Path,
                                                                             tmp_path: Path) -> None:
     # One torch thread per actor: the two share the cores with the test process. A constant learning rate: the
-    # experiment's warmup starts at 0, which would leave step 1's update out.
+    # experiment's warmup starts at 0, which would leave step 1's update out. No final evaluation (10 s of SmolLM2
+    # sampling the eval set, which nothing here reads).
     argv = ["experiment=grpo_smollm2_arith", f"model.path={smollm2_dir}", "model.tiny=null",
-            f"trainer.run_root={tmp_path}", "trainer.total_steps=2", "trainer.eval_every=0", "trainer.export=true",
+            f"trainer.run_root={tmp_path}", "trainer.total_steps=2", "trainer.eval_every=0", "trainer.final_eval=false", "trainer.export=true",
             "trainer.log_samples_every=0", "callbacks=[{name: jsonl}]", "algorithm.prompts_per_step=2",
             "algorithm.group_size=4", "rollout.num_workers=1", "rollout.torch_threads=1", "rollout.sampling.max_new_tokens=8",
             "learner.num_workers=1", "learner.strategy=single", "learner.torch_threads=1", "learner.micro_batch_size=8",
