@@ -9,8 +9,11 @@ then the unit tests; whichever worker is free takes the next module.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,11 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# Each tiny model is built once per test session, whatever run root a test gives its run (`toolbox.models.tiny`):
+# the runs, the CLI's subprocesses and the Ray workers all inherit the variable.
+if not os.environ.get("TOOLBOX_TINY_CACHE"):
+    os.environ["TOOLBOX_TINY_CACHE"] = tempfile.mkdtemp(prefix="toolbox-tiny-models-")
+    atexit.register(shutil.rmtree, os.environ["TOOLBOX_TINY_CACHE"], ignore_errors=True)
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

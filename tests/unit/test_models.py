@@ -10,7 +10,7 @@ import torch
 from toolbox.config import load_config
 from toolbox.core.errors import ConfigError
 from toolbox.models.loading import TinyModelConfig, load_causal_lm, load_tokenizer
-from toolbox.models.tiny import build_char_tokenizer, ensure_tiny_model
+from toolbox.models.tiny import TINY_CACHE_ENV, build_char_tokenizer, ensure_tiny_model
 
 
 @pytest.mark.parametrize("text", ["12+30=42", "abcd>dcba", "7", "0+0+0="])
@@ -30,7 +30,8 @@ def test_saved_tokenizer_decodes_the_same(tiny_model_dir: Path) -> None:
     assert tok.pad_token_id is not None and tok.eos_token_id is not None and tok.pad_token_id != tok.eos_token_id
 
 
-def test_tiny_model_is_deterministic_and_reused(tmp_path: Path) -> None:
+def test_tiny_model_is_deterministic_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TINY_CACHE_ENV, raising=False)  # both built here, not one copied from the other
     cfg = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32, seed=3)
     a = ensure_tiny_model(tmp_path / "a", cfg, "0123456789+=")
     b = ensure_tiny_model(tmp_path / "b", cfg, "0123456789+=")
@@ -40,9 +41,11 @@ def test_tiny_model_is_deterministic_and_reused(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".tiny-*"))  # the temp directory was renamed into place
 
 
-def test_the_driver_builds_a_tiny_model_in_a_child_without_loading_the_modeling_code(tmp_path: Path) -> None:
+def test_the_driver_builds_a_tiny_model_in_a_child_without_loading_the_modeling_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``apart=True`` in a process that has not loaded transformers' modeling code: the model is built by a child
     process (the same weights as built in place), and the calling process still has not loaded that code."""
+    monkeypatch.delenv(TINY_CACHE_ENV, raising=False)
     import json
     import subprocess
     import sys
@@ -59,6 +62,28 @@ def test_the_driver_builds_a_tiny_model_in_a_child_without_loading_the_modeling_
     here = ensure_tiny_model(tmp_path / "here", cfg, "0123456789+=")  # built in this process
     sa, sb = load_causal_lm(str(tmp_path / "apart")).state_dict(), load_causal_lm(str(here)).state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_a_tiny_cache_builds_each_model_once_and_copies_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``$TOOLBOX_TINY_CACHE`` every asked path gets a copy of the one model built in the cache for its
+    sizes, seed and alphabet; another alphabet is another model."""
+    from toolbox.models import causal_lm
+
+    monkeypatch.setenv(TINY_CACHE_ENV, str(tmp_path / "cache"))
+    cfg = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32, seed=3)
+    a = ensure_tiny_model(tmp_path / "runs1" / "a", cfg, "0123456789+=")
+    built = []
+    monkeypatch.setattr(causal_lm.HFFamily, "save_tiny", lambda *args: built.append(args))
+    b = ensure_tiny_model(tmp_path / "runs2" / "b", cfg, "0123456789+=")
+    assert built == [], "the second path was built, not copied from the cache"
+    sa, sb = load_causal_lm(str(a)).state_dict(), load_causal_lm(str(b)).state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    monkeypatch.undo()
+    monkeypatch.setenv(TINY_CACHE_ENV, str(tmp_path / "cache"))
+    ensure_tiny_model(tmp_path / "runs3" / "c", cfg, "abc")
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+    assert not list(tmp_path.glob("*/.tiny-*"))  # every temp directory was renamed into place
 
 
 def test_unknown_arch_fails_in_config_naming_the_field() -> None:

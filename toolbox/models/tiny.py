@@ -2,15 +2,23 @@
 
 Deterministic (seeded) and written atomically (temp dir + rename), so every worker
 may call `ensure_tiny_model` on the same path and they all load identical weights.
+
+With ``$TOOLBOX_TINY_CACHE`` set, each tiny model is built once into that directory (under a name that digests its
+family, sizes, seed and alphabet) and copied from there to every path that asks for it: many runs in fresh run roots
+(a test suite, a sweep's trials) then build each model once instead of once per run root. Unset, nothing is kept
+outside the asked path: a cache that outlives a change to how tiny models are built would hand out stale ones, so
+it is for a directory whose life is that of the runs it serves (the test suite sets one per session).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -18,6 +26,7 @@ import torch
 from toolbox.models.loading import TinyModelConfig
 
 SPECIAL = ["<pad>", "<s>", "</s>"]
+TINY_CACHE_ENV = "TOOLBOX_TINY_CACHE"
 
 
 def build_char_tokenizer(alphabet: str):  # noqa: ANN201 - transformers type
@@ -69,24 +78,40 @@ def ensure_tiny_model(path: str | os.PathLike[str], cfg: TinyModelConfig, alphab
     target = Path(path)
     if (target / "config.json").exists():
         return target  # before importing transformers: the driver resolves the path before any actor starts
+    cache = os.environ.get(TINY_CACHE_ENV)
+    if cache and Path(cache).resolve() != target.parent.resolve():
+        digest = hashlib.sha1(f"{family}|{cfg.model_dump_json()}|{alphabet}".encode()).hexdigest()[:12]
+        built = ensure_tiny_model(Path(cache) / f"tiny-{family}-{digest}", cfg, alphabet, family, apart)
+        _place(lambda tmp: shutil.copytree(built, tmp, dirs_exist_ok=True), target)
+        return target
     if apart and "transformers.modeling_utils" not in sys.modules:
         _build_in_child(target, cfg, alphabet, family)
         return target
     from toolbox.models.causal_lm import MODELS
 
-    target.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = build_char_tokenizer(cfg.alphabet or alphabet)
     tokenizer.model_max_length = cfg.max_positions  # stated, so a prompt longer than the model is a bad row
+
+    def build(tmp: Path) -> None:
+        with torch.random.fork_rng():
+            torch.manual_seed(cfg.seed)
+            MODELS.get(family).factory().save_tiny(cfg, tokenizer, tmp)
+        tokenizer.save_pretrained(tmp)
+
+    _place(build, target)
+    return target
+
+
+def _place(write: Callable[[Path], object], target: Path) -> None:
+    """``write`` a directory next to ``target``, then rename it to ``target``: another process sees the whole
+    model or none. One that got there first wins; its copy is identical."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
-    with torch.random.fork_rng():
-        torch.manual_seed(cfg.seed)
-        MODELS.get(family).factory().save_tiny(cfg, tokenizer, tmp)
-    tokenizer.save_pretrained(tmp)
+    write(tmp)
     try:
         os.rename(tmp, target)
-    except OSError:  # another worker got there first; its copy is identical
+    except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def _build_in_child(target: Path, cfg: TinyModelConfig, alphabet: str, family: str) -> None:
