@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-# Each tiny model is built once per test session, whatever run root a test gives its run (`toolbox.models.tiny`):
+# Each tiny model is built once per pytest run, whatever run root a test gives its run (`toolbox.models.tiny`):
 # the runs, the CLI's subprocesses and the Ray workers all inherit the variable.
 if not os.environ.get("TOOLBOX_TINY_CACHE"):
     os.environ["TOOLBOX_TINY_CACHE"] = tempfile.mkdtemp(prefix="toolbox-tiny-models-")

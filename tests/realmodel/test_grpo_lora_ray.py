@@ -36,8 +36,8 @@ def test_two_lora_grpo_steps_train_the_adapters_and_leave_the_base_weights(ray_s
     # experiment's warmup starts at 0, which would leave step 1's update out. No final evaluation (10 s of SmolLM2
     # sampling the eval set, which nothing here reads).
     argv = ["experiment=grpo_smollm2_arith", f"model.path={smollm2_dir}", "model.tiny=null",
-            f"trainer.run_root={tmp_path}", "trainer.total_steps=2", "trainer.eval_every=0", "trainer.final_eval=false", "trainer.export=true",
-            "trainer.log_samples_every=0", "callbacks=[{name: jsonl}]", "algorithm.prompts_per_step=2",
+            f"trainer.run_root={tmp_path}", "trainer.total_steps=2", "trainer.eval_every=0", "trainer.final_eval=false",
+            "trainer.export=true", "trainer.log_samples_every=0", "callbacks=[{name: jsonl}]", "algorithm.prompts_per_step=2",
             "algorithm.group_size=4", "rollout.num_workers=1", "rollout.torch_threads=1", "rollout.sampling.max_new_tokens=8",
             "learner.num_workers=1", "learner.strategy=single", "learner.torch_threads=1", "learner.micro_batch_size=8",
             "learner.optim={lr: 1.0e-3, scheduler: constant}", "reward.num_workers=0",

@@ -54,7 +54,8 @@ def _gloo_rank(rank: int, fn: Callable[[int, str, str], None], model_dir: str, i
 
     Both ranks pass a barrier and exit with ``os._exit(0)``: destroying the group or running the interpreter's
     exit aborted a rank now and then in CI ("terminate called without an active exception", SIGABRT) after the
-    test's work was done and written. A rank whose ``fn`` raises leaves through ``mp.start_processes``, which reports it."""
+    test's work was done and written. A rank whose ``fn`` raises leaves through ``mp.start_processes``, which
+    reports it."""
     os.environ.clear()
     os.environ.update(env)
     torch.set_num_threads(1)

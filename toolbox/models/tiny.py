@@ -7,7 +7,7 @@ With ``$TOOLBOX_TINY_CACHE`` set, each tiny model is built once into that direct
 family, sizes, seed and alphabet) and copied from there to every path that asks for it: many runs in fresh run roots
 (a test suite's) then build each model once instead of once per run root. Unset, nothing is kept
 outside the asked path: a cache that outlives a change to how tiny models are built would hand out stale ones, so
-it is for a directory whose life is that of the runs it serves (the test suite sets one per session).
+it is for a directory whose life is that of the runs it serves (the test suite sets one per pytest run).
 """
 
 from __future__ import annotations
