@@ -25,6 +25,19 @@ def online_step(learner: Any, shards: list[RolloutBatch], results: list[RewardRe
     return learner.update(plan, {i: shards[i] for i in plan.shards_for(0)})
 
 
+# How far one Adam step of two ranks may land from one rank's. Adam's first step moves a weight by lr * g / (|g| + eps):
+# about lr (1e-3 in these tests) wherever |g| >> eps, but a gradient within a few eps of zero, summed across ranks in
+# another order, moves by a visible fraction of lr (4e-5 measured on an AVX2 CPU for one weight of the GPT's 16384).
+# A wrong shard or a lost rank moves whole tensors by about lr.
+SAME_UPDATE_ATOL = 1e-4
+
+
+def assert_same_update(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    """Every tensor of ``want`` (one rank's state after a step) in ``got`` (two ranks'), within `SAME_UPDATE_ATOL`."""
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, atol=SAME_UPDATE_ATOL, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
 # What every rank imports, imported once into the fork server each rank is forked from (a spawned rank imports
 # torch and transformers itself: about 3 CPU s per rank).
 PRELOAD = ["tests.unit.learner_steps", "transformers.modeling_utils", "torch.distributed.fsdp",

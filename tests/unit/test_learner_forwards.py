@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.unit.learner_steps import online_step, spawn_two_gloo_ranks
+from tests.unit.learner_steps import assert_same_update, online_step, spawn_two_gloo_ranks
 from toolbox.algorithms.grpo.config import GRPOConfig
 from toolbox.algorithms.grpo.learner import GRPOLearner
 from toolbox.algorithms.ppo.config import PPOConfig
@@ -291,8 +291,7 @@ def test_two_packed_ranks_dealt_by_tokens_make_the_one_rank_update(tiny_model_di
     for key in ("grad_norm", "reward"):  # the loss metric is rank 0's share
         assert got["metrics"][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
     two = torch.load(out.with_suffix(".pt"))
-    for name, value in one.policy.full_state_dict().items():
-        torch.testing.assert_close(two[name], value, atol=1e-5, rtol=0)
+    assert_same_update(two, one.policy.full_state_dict())
 
 
 def test_learner_step_bench_times_every_side(monkeypatch: pytest.MonkeyPatch) -> None:
