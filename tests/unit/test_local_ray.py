@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from toolbox.driver.local_ray import early_start_wanted
+from toolbox.driver.local_ray import NON_TEMPORAL_BYTES, WORKER_ENV, early_start_wanted, glibc_tunables
 
 
 @pytest.fixture(autouse=True)
@@ -63,3 +65,21 @@ def test_shutdown_ends_the_autoscaler_monitor_first(tmp_path: Path, monkeypatch:
         for proc in (monitor, bystander):
             proc.kill()
             proc.wait()
+
+
+def test_workers_get_the_non_temporal_threshold_unless_the_environment_sets_one() -> None:
+    threshold = f"glibc.cpu.x86_non_temporal_threshold={NON_TEMPORAL_BYTES:#x}"
+    assert glibc_tunables("") == threshold
+    assert glibc_tunables("glibc.malloc.arena_max=2") == f"glibc.malloc.arena_max=2:{threshold}"
+    assert glibc_tunables("glibc.cpu.x86_non_temporal_threshold=0x4000") == "glibc.cpu.x86_non_temporal_threshold=0x4000"
+
+
+LOADER = Path("/lib64/ld-linux-x86-64.so.2")
+
+
+@pytest.mark.skipif(not LOADER.exists(), reason="not x86-64 glibc")
+def test_glibc_reads_the_workers_threshold() -> None:
+    """glibc ignores a tunable it does not know: its loader's diagnostics show the threshold a worker starts with."""
+    env = {**os.environ, "GLIBC_TUNABLES": WORKER_ENV["GLIBC_TUNABLES"]}
+    out = subprocess.run([str(LOADER), "--list-diagnostics"], env=env, capture_output=True, text=True, check=True).stdout
+    assert f"x86.cpu_features.non_temporal_threshold={NON_TEMPORAL_BYTES:#x}" in out.splitlines()

@@ -20,6 +20,7 @@ from toolbox.rl.shared_weights import (
     SharedWeightsUnavailable,
     SharedWeightsWriter,
     layout,
+    write,
 )
 from toolbox.rl.weights import load_into
 
@@ -35,6 +36,16 @@ def test_layout_aligns_each_tensor_and_casts_floating_point_ones() -> None:
     assert [(s.name, s.dtype, s.shape, s.nbytes) for s in manifest] == [("w", "bfloat16", (3, 5), 30),
                                                                       ("steps", "int64", (2,), 16)]
     assert offsets == [0, 64] and size == 128
+
+
+@pytest.mark.parametrize("make", [lambda t: t, lambda t: t.t(), lambda t: t.double()],
+                         ids=["same bytes", "a strided view", "a cast"])
+def test_write_copies_every_layout_of_the_source(make: object) -> None:
+    """memcpy for a contiguous tensor of the target's dtype; a strided view or another dtype takes torch's copy."""
+    source = make(torch.randn(64, 48))  # type: ignore[operator]
+    target = torch.empty(source.shape, dtype=torch.float32)
+    write(target, source)
+    assert torch.equal(target, source.float())
 
 
 def test_engine_points_at_the_slot_without_copying() -> None:

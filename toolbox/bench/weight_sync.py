@@ -14,8 +14,10 @@ Two paths, alternating within each round, each as a run takes it:
 
 The clock runs from the first call to the last return, seen from the driver. ``ping`` is an empty actor call's
 round trip, the fixed latency of one call. The memcpy baseline copies the same bytes between two warm numpy
-buffers in the driver, single-threaded, once in every round after the two syncs (best of the rounds, as theirs);
-sender and receiver run one torch thread each.
+buffers, single-threaded, in a worker process of its own, once in every round after the two syncs (best of the
+rounds, as theirs); sender and receiver run one torch thread each. Ray starts as a run's local instance does
+(`toolbox.driver.local_ray.start_local`), so all three processes have a run's worker environment, and with it the
+same ``memcpy`` (`toolbox.driver.local_ray.NON_TEMPORAL_BYTES`).
 
 Both paths fault in shared memory the first time a process touches it: the pool when a slot is made (the sender
 zeroes it), the object store per object (pre-faulted store, but each process maps new objects' pages). ``first
@@ -137,7 +139,7 @@ class Receiver:
 
 
 class Memcpy:
-    """The baseline: the same bytes copied between two warm numpy buffers in the driver, one thread."""
+    """The baseline: the same bytes copied between two warm numpy buffers, one thread."""
 
     def __init__(self, nbytes: int) -> None:
         self.src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
@@ -190,7 +192,7 @@ def measure(size_mb: int, repeats: int, bucket_mb: int, warmup: int = 3) -> dict
     receiver = ray.remote(Receiver).options(num_cpus=0.5).remote(size_mb)
     ray.get(receiver.attach.remote(sender.pool.remote()))
     nbytes = max(1, size_mb // TENSOR_MB) * TENSOR_MB << 20
-    memcpy = Memcpy(nbytes)
+    memcpy = ray.remote(Memcpy).options(num_cpus=0).remote(nbytes)
     best: dict[str, float] = dict.fromkeys(("sync_s", "trip_s", "store_sync_s", "store_trip_s", "ping_s",
                                             "memcpy_s"), float("inf"))
     for round_ in range(warmup + repeats):
@@ -208,14 +210,14 @@ def measure(size_mb: int, repeats: int, bucket_mb: int, warmup: int = 3) -> dict
             best.update(store_sync_s=store_sync_s, put_s=ray.get(exported)[2])
         best.update(trip_s=min(best["trip_s"], trip_s), store_trip_s=min(best["store_trip_s"], store_trip_s),
                     ping_s=min(best["ping_s"], timed(lambda: ray.get(receiver.ping.remote()))[1]),
-                    memcpy_s=min(best["memcpy_s"], memcpy.seconds()))  # every round, between the syncs
+                    memcpy_s=min(best["memcpy_s"], float(ray.get(memcpy.seconds.remote()))))  # every round, between syncs
     # The last load was the object store's: one more shared round, then both sides must hold the same weights and
     # the receiver's parameters must all view its slot mapping (the shared path copies nothing on the engine).
     shared_round(sender, receiver, queued=False)
     if ray.get(sender.checksum.remote()) != ray.get(receiver.checksum.remote()):
         raise AssertionError("receiver weights differ from sender after sync")
     best["engine_copies"] = float(ray.get(receiver.copied.remote()))
-    for actor in (sender, receiver):
+    for actor in (sender, receiver, memcpy):
         ray.kill(actor)
     memcpy_s = best["memcpy_s"]
     return {"size_mb": nbytes >> 20, **best, "sync_gbps": nbytes / best["sync_s"] / 1e9,
@@ -232,19 +234,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--bucket-mb", type=int, default=256, help="Bucket size, as learner.bucket_mb.")
     parser.add_argument("--out", default="", help="Also write the results as JSON here.")
     args = parser.parse_args(argv)
-    import ray
     from rich.console import Console
     from rich.table import Table
+
+    from toolbox.driver.local_ray import shutdown, start_local
 
     sizes = [int(s) for s in args.sizes_mb.split(",")]
     rows = []
     for size in sizes:  # each size on a store of 3x its weights, as a run's store is many times its weights
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=size * 3 << 20,
-                 _system_config={"preallocate_plasma_memory": True})
+        start_local({"num_cpus": 2, "include_dashboard": False, "log_to_driver": False,
+                     "object_store_memory": size * 3 << 20, "_system_config": {"preallocate_plasma_memory": True}})
         try:
             rows.append(measure(size, args.repeats, args.bucket_mb, args.warmup))
         finally:
-            ray.shutdown()
+            shutdown()
     table = Table(title="learner -> rollout weight sync on one node (CPU): shared memory, and the object store")
     cols = {"first sync s": "first_sync_s", "sync s": "sync_s", "copy s": "copy_s", "from driver s": "trip_s",
             "store sync s": "store_sync_s", "put s": "put_s", "store from driver s": "store_trip_s", "ping s": "ping_s"}

@@ -21,9 +21,27 @@ import yaml
 
 from toolbox.core.paths import DEFAULT_EXPERIMENT, experiment_path
 
+# glibc's memcpy stores around the cache (non-temporal stores) only above a size it derives from the L3 size the CPU
+# reports: 192 MiB on the project's 2-core VM (cpuid reports the host's 256 MiB L3), tens of MiB on most servers,
+# while most weight tensors are 0.1-30 MiB. A worker's large copies are written for another process to read (a
+# shared weight slot, an object-store put), so they go around the cache from this size on: 1.5x faster into a
+# weight slot on that VM (`toolbox bench weight_sync`). A GLIBC_TUNABLES of the driver's environment that sets the
+# threshold itself wins; other tunables there are kept.
+NON_TEMPORAL_BYTES = 1 << 20
+_THRESHOLD = "glibc.cpu.x86_non_temporal_threshold"
+
+
+def glibc_tunables(current: str) -> str:
+    """``current`` (a GLIBC_TUNABLES value) with the non-temporal threshold set to `NON_TEMPORAL_BYTES` unless it
+    sets one already."""
+    if _THRESHOLD in current:
+        return current
+    return ":".join(filter(None, [current, f"{_THRESHOLD}={NON_TEMPORAL_BYTES:#x}"]))
+
+
 # Quiet worker processes: transformers' load/save bars would drown the run's own progress.
 WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false",
-              "OMP_NUM_THREADS": "1"}
+              "OMP_NUM_THREADS": "1", "GLIBC_TUNABLES": glibc_tunables(os.environ.get("GLIBC_TUNABLES", ""))}
 # Ray's own settings for a run's local instance (Ray reads ``RAY_<setting>`` from each of its processes' environment).
 # A restarted actor whose caller lost a call mid-flight (its process or node died) waits this long for the lost call
 # before it runs the ones queued behind it; Ray's 30 s stalled every self-healed rollout worker for 30 s (a removed
