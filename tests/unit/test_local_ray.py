@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,11 @@ def test_glibc_reads_the_workers_threshold() -> None:
     env = {**os.environ, "GLIBC_TUNABLES": WORKER_ENV["GLIBC_TUNABLES"]}
     out = subprocess.run([str(LOADER), "--list-diagnostics"], env=env, capture_output=True, text=True, check=True).stdout
     assert f"x86.cpu_features.non_temporal_threshold={NON_TEMPORAL_BYTES:#x}" in out.splitlines()
+
+
+@pytest.mark.parametrize(("set_to", "want"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_workers_wait_passively_unless_the_environment_says_otherwise(set_to: str | None, want: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | ({"OMP_WAIT_POLICY": set_to} if set_to else {})
+    code = "from toolbox.driver.local_ray import WORKER_ENV; print(WORKER_ENV['OMP_WAIT_POLICY'])"
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == want

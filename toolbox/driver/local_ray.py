@@ -39,9 +39,17 @@ def glibc_tunables(current: str) -> str:
     return ":".join(filter(None, [current, f"{_THRESHOLD}={NON_TEMPORAL_BYTES:#x}"]))
 
 
+# A worker's torch threads (an OpenMP team) wait for each other at the end of every parallel op. By default
+# libgomp's waiting threads spin first, burning a core that another role's process needs: a learner with two threads
+# and an engine with one on 2 cores is the project's 2-core setting. Passive waiters sleep: a GRPO step on SmolLM2
+# 9.95 s against 15.5 s, on the 25M model 1.32 s against 1.95 s (`toolbox bench roofline`, docs/benchmarks.md); a
+# training step alone is as fast either way. A value in the driver's environment wins.
+OMP_WAIT = os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
+
 # Quiet worker processes: transformers' load/save bars would drown the run's own progress.
 WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false",
-              "OMP_NUM_THREADS": "1", "GLIBC_TUNABLES": glibc_tunables(os.environ.get("GLIBC_TUNABLES", ""))}
+              "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": OMP_WAIT,
+              "GLIBC_TUNABLES": glibc_tunables(os.environ.get("GLIBC_TUNABLES", ""))}
 # Ray's own settings for a run's local instance (Ray reads ``RAY_<setting>`` from each of its processes' environment).
 # A restarted actor whose caller lost a call mid-flight (its process or node died) waits this long for the lost call
 # before it runs the ones queued behind it; Ray's 30 s stalled every self-healed rollout worker for 30 s (a removed
