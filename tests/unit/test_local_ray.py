@@ -82,8 +82,10 @@ LOADER = Path("/lib64/ld-linux-x86-64.so.2")
 def test_glibc_reads_the_workers_threshold() -> None:
     """glibc ignores a tunable it does not know: its loader's diagnostics show the threshold a worker starts with."""
     env = {**os.environ, "GLIBC_TUNABLES": WORKER_ENV["GLIBC_TUNABLES"]}
-    out = subprocess.run([str(LOADER), "--list-diagnostics"], env=env, capture_output=True, text=True, check=True).stdout
-    assert f"x86.cpu_features.non_temporal_threshold={NON_TEMPORAL_BYTES:#x}" in out.splitlines()
+    out = subprocess.run([str(LOADER), "--list-diagnostics"], env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("this glibc's loader has no --list-diagnostics (glibc before 2.33)")
+    assert f"x86.cpu_features.non_temporal_threshold={NON_TEMPORAL_BYTES:#x}" in out.stdout.splitlines()
 
 
 @pytest.mark.parametrize(("set_to", "want"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
