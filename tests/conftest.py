@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+import toolbox  # noqa: F401  (first: transformers' import map comes from its cache, `toolbox.core.import_cache`)
+
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # Each tiny model is built once per pytest run, whatever run root a test gives its run (`toolbox.models.tiny`):
 # the runs, the CLI's subprocesses and the Ray workers all inherit the variable.
