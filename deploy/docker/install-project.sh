@@ -2,7 +2,9 @@
 # Installs toolbox into an image whose torch (and engine) are already installed, without ever moving torch:
 #   install-project.sh deps      the project's dependencies from ./pyproject.toml except torch, constrained to
 #                                the torch already there, so that no requirement can move it
-#   install-project.sh project   the repository itself (editable, --no-deps), then a check that torch is unchanged
+#   install-project.sh project   the repository itself (editable, --no-deps), then a check that torch is unchanged;
+#                                its import also writes transformers' import map into the image (the containers'
+#                                processes read it instead of parsing transformers' model files: toolbox/core/import_cache.py)
 # Every Dockerfile in this folder uses it, so the CPU, GPU, vllm and sglang images install the project one way.
 set -eu
 torch_now() { python -c "import torch; print(torch.__version__.split('+')[0])"; }
@@ -21,7 +23,7 @@ project)
     pip install --no-deps -e .
     want=$(cat /tmp/torch-version 2>/dev/null || torch_now)
     test "$(torch_now)" = "$want" || { echo "torch moved from $want to $(torch_now)" >&2; exit 1; }
-    python -c "import toolbox, torch, ray; print('toolbox', toolbox.__file__, 'torch', torch.__version__, 'ray', ray.__version__)"
+    python -c "import toolbox, torch, ray, transformers.models; print('toolbox', toolbox.__file__, 'torch', torch.__version__, 'ray', ray.__version__)"
     ;;
 *) echo "usage: install-project.sh deps|project" >&2; exit 2 ;;
 esac

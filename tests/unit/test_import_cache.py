@@ -106,3 +106,23 @@ def test_the_cache_directory_setting(monkeypatch: pytest.MonkeyPatch, value: str
 def test_the_default_cache_directory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(import_cache.ENV, raising=False)
     assert import_cache.cache_dir() == Path("~/.cache/toolbox/imports").expanduser()
+
+
+def test_processes_writing_at_once_keep_each_others_entries(tmp_path: Path) -> None:
+    for name in "abc":
+        write_module(tmp_path / name / "x", [name.upper()])
+    calls: list[str] = []
+    first, second = (cached(counting_real(calls), "9.9", tmp_path / "cache") for _ in range(2))
+    second(tmp_path / "c")  # `second` holds the file as it was then: c only
+    first(tmp_path / "a")
+    second(tmp_path / "b")  # reads again before writing: a stays
+    kept = json.loads((tmp_path / "cache" / "transformers-9.9.json").read_text())
+    assert {json.loads(key)[0] for key in kept} == {str((tmp_path / name).resolve()) for name in "abc"}
+    assert len(calls) == 3
+
+
+def test_an_unwritable_cache_still_answers(tmp_path: Path) -> None:
+    write_module(tmp_path / "models" / "x", ["XConfig"])
+    (tmp_path / "not-a-dir").write_text("")
+    define = cached(counting_real([]), "9.9", tmp_path / "not-a-dir")
+    assert define(tmp_path / "models") == {frozenset(): {"x.configuration_x": {"XConfig"}}}

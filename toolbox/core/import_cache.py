@@ -72,7 +72,18 @@ def decode(rows: list[list[Any]]) -> Structure:
 
 def cached(real: Callable[..., Structure], version: str, where: Path) -> Callable[..., Structure]:
     """``real`` (``define_import_structure(module_path, prefix=None)``) answered from the file ``where`` holds for
-    transformers ``version`` where it has an entry of the same stamp; else computed, and the file rewritten."""
+    transformers ``version`` where it has an entry of the same stamp; else computed, and the file rewritten. The
+    file is read once a process (transformers asks for a few directories) and again before each write, so that
+    entries other processes wrote meanwhile are kept."""
+    file = where / f"transformers-{version}.json"
+
+    @functools.cache
+    def entries() -> dict[str, Any]:
+        try:
+            found = json.loads(file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
 
     @functools.wraps(real)
     def define_import_structure(module_path: str | os.PathLike[str], prefix: str | None = None) -> Structure:
@@ -80,22 +91,18 @@ def cached(real: Callable[..., Structure], version: str, where: Path) -> Callabl
         if os.path.isfile(directory):
             directory = os.path.dirname(directory)
         key = json.dumps([directory, prefix])
-        file = where / f"transformers-{version}.json"
         try:
-            entries = json.loads(file.read_text())
-        except (OSError, ValueError):
-            entries = {}
-        try:
-            entry = entries.get(key) if isinstance(entries, dict) else None
+            entry = entries().get(key)
             if entry is not None and entry["stamp"] == stamp(directory):
                 return decode(entry["structure"])
         except (OSError, KeyError, TypeError, ValueError):  # an unreadable entry: build it again
             pass
         structure = real(module_path, prefix)
         with contextlib.suppress(OSError, TypeError, ValueError):  # a read-only home or a map JSON cannot hold
-            entries = entries if isinstance(entries, dict) else {}
-            entries[key] = {"stamp": stamp(directory), "structure": encode(structure)}
-            write_atomic(file, json.dumps(entries))
+            entries.cache_clear()
+            current = entries()
+            current[key] = {"stamp": stamp(directory), "structure": encode(structure)}
+            write_atomic(file, json.dumps(current))
         return structure
 
     setattr(define_import_structure, MARK, True)
