@@ -138,3 +138,25 @@ def test_optimizers_that_cannot_step_fsdp2_shards_are_refused_at_load() -> None:
                                           r"bitsandbytes' kernels take plain tensors"):
         check_strategy("adamw_8bit", "fsdp2", "learner.optim.name")  # (bitsandbytes is not installed here)
     check_strategy("adamw_8bit", "ddp", "learner.optim.name")
+
+
+@pytest.mark.parametrize("kind", ["constant", "constant_with_warmup", "linear", "cosine"])
+def test_each_schedule_is_transformers_own_and_resumes_from_its_checkpoint(kind: str) -> None:
+    """The learning rate of every step of a 20-step schedule with 5 warm-up steps is what transformers'
+    ``get_scheduler`` gives, and a scheduler state saved by either loads into the other."""
+    from transformers import get_scheduler
+
+    def schedules() -> tuple[torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.LRScheduler]:
+        ours = build_optimizer(nn.Linear(2, 2), OptimConfig(lr=1e-3, warmup_steps=5, scheduler=kind), 20)[1]
+        optimizer = torch.optim.AdamW(nn.Linear(2, 2).parameters(), lr=1e-3)
+        return ours, get_scheduler(kind, optimizer, num_warmup_steps=5, num_training_steps=20)
+
+    ours, theirs = schedules()
+    for _ in range(22):
+        assert ours.get_last_lr() == theirs.get_last_lr()
+        ours.optimizer.step(), theirs.optimizer.step()
+        ours.step(), theirs.step()
+    resumed_ours, resumed_theirs = schedules()
+    resumed_ours.load_state_dict(theirs.state_dict())
+    resumed_theirs.load_state_dict(ours.state_dict())
+    assert resumed_ours.get_last_lr() == resumed_theirs.get_last_lr() == theirs.get_last_lr()

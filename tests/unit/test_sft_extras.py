@@ -83,6 +83,6 @@ def test_moe_router_loss_is_added_and_reported(tiny_moe_dir: Path) -> None:
 
 
 def test_moe_coef_on_a_dense_model_is_an_error(tiny_model_dir: Path) -> None:
-    with pytest.raises(ValueError, match=r"algorithm.moe_aux_loss_coef=0.01: Qwen2ForCausalLM is not a "
+    with pytest.raises(ValueError, match=r"algorithm.moe_aux_loss_coef=0.01: LeanLlama is not a "
                                          r"mixture-of-experts model"):
         make_learner(tiny_model_dir, moe_aux_loss_coef=0.01)

@@ -17,15 +17,15 @@ biases on the MLP, an adapter wrapped in); `toolbox.engines.decode` then runs th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from toolbox.models.llama_ops import MODEL_TYPES, heads, mlp, padding_mask, rms_norm, rope, rotate
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 
 
 def unsupported(model: PreTrainedModel) -> str | None:
@@ -100,11 +100,7 @@ class LlamaDecoder:
         return self._logits(self._prefill(ids_BP, mask_BP, pos_BP))
 
     def _prefill(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, pos_BP: torch.Tensor) -> torch.Tensor:
-        p = ids_BP.shape[1]
-        causal = torch.ones((p, p), dtype=torch.bool, device=ids_BP.device).tril()
-        # A padding query attends to itself too: its row is never fully masked (NaN would reach the cache).
-        mask = (causal & mask_BP.bool()[:, None, :]) | torch.eye(p, dtype=torch.bool, device=ids_BP.device)
-        return self._layers(self.model.model.embed_tokens(ids_BP), pos_BP, mask[:, None])
+        return self._layers(self.model.model.embed_tokens(ids_BP), pos_BP, padding_mask(mask_BP))
 
     def step(self, token_B: torch.Tensor, pos_B: torch.Tensor, keys_BL: torch.Tensor) -> torch.Tensor:
         """One new token per row at position ``pos``; ``keys`` marks the cache slots each row attends to (the
@@ -115,41 +111,21 @@ class LlamaDecoder:
 
     def _layers(self, hidden: torch.Tensor, pos_BT: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, t, _ = hidden.shape
-        cos, sin = self._rope(pos_BT)  # [B, 1, T, D]
+        cos, sin = rope(pos_BT, self.inv_freq, self.rope_scale, self.cache.dtype)  # [B, 1, T, D]
         start, end = self.filled, self.filled + t
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = _rms_norm(hidden, layer.input_layernorm)
-            q = attn.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            x = rms_norm(hidden, layer.input_layernorm)
             kv = self.cache[i]
-            kv[0, :, :, start:end] = _rotate(k, cos, sin)
-            kv[1, :, :, start:end] = attn.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-            out = F.scaled_dot_product_attention(_rotate(q, cos, sin), kv[0, :, :, :end], kv[1, :, :, :end],
-                                                 attn_mask=mask, scale=self.scale, enable_gqa=True)
+            kv[0, :, :, start:end] = rotate(heads(attn.k_proj, x, self.kv_heads, self.head_dim), cos, sin)
+            kv[1, :, :, start:end] = heads(attn.v_proj, x, self.kv_heads, self.head_dim)
+            q = rotate(heads(attn.q_proj, x, self.heads, self.head_dim), cos, sin)
+            out = F.scaled_dot_product_attention(q, kv[0, :, :, :end], kv[1, :, :, :end], attn_mask=mask,
+                                                 scale=self.scale, enable_gqa=True)
             hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, t, self.q_size))
-            x = _rms_norm(hidden, layer.post_attention_layernorm)
-            mlp = layer.mlp
-            hidden = hidden + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+            hidden = hidden + mlp(layer.mlp, rms_norm(hidden, layer.post_attention_layernorm))
         self.filled = end
         return hidden
 
     def _logits(self, hidden_BH: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(_rms_norm(hidden_BH, self.model.model.norm))
-
-    def _rope(self, pos_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """transformers' default rotary embedding (cos, sin) of the positions, shaped to broadcast over heads."""
-        freqs = pos_BT[..., None].float() * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
-        dtype = self.cache.dtype
-        return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
-def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
-    """The model's RMSNorm (computed in fp32, as transformers does, then scaled by its weight)."""
-    return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon).to(x.dtype)
+        return self.model.lm_head(rms_norm(hidden_BH, self.model.model.norm))

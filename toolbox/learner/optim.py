@@ -1,5 +1,5 @@
-"""The optimizer side of a learner rank: the configured optimizer with a transformers schedule, and the one clipped
-optimizer step.
+"""The optimizer side of a learner rank: the configured optimizer with one of transformers' schedules (`lr_factor`),
+and the one clipped optimizer step.
 
 `TrainedModel` bundles a (strategy-wrapped) module with its optimizer and schedule, so a
 learner with two trained models (PPO's policy and critic) holds two of them.
@@ -18,6 +18,7 @@ import logging
 import math
 import warnings
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +38,31 @@ class NonFiniteStepsError(ToolboxError):
 
 def build_optimizer(model: nn.Module, o: OptimConfig, optimizer_steps: int) -> tuple[torch.optim.Optimizer, LRScheduler]:
     """The optimizer ``o.name`` selects (`toolbox.learner.optimizers`) and its learning-rate schedule
-    (``transformers.get_scheduler``) over ``optimizer_steps`` steps."""
-    from transformers import get_scheduler
-
+    (`lr_factor`) over ``optimizer_steps`` steps."""
     from toolbox.learner.optimizers import build
 
     optimizer = build(model, o)
-    scheduler = get_scheduler(o.scheduler, optimizer, num_warmup_steps=o.warmup_steps,
-                              num_training_steps=max(1, optimizer_steps))
-    return optimizer, scheduler
+    factor = partial(lr_factor, kind=o.scheduler, warmup=o.warmup_steps, total=max(1, optimizer_steps))
+    return optimizer, LambdaLR(optimizer, factor)
+
+
+def lr_factor(step: int, *, kind: str, warmup: int, total: int) -> float:
+    """The learning rate's factor at ``step`` under the schedule ``kind``: transformers' ``get_scheduler`` schedules
+    of these names, the same arithmetic (a checkpoint of either resumes in the other: both are a ``LambdaLR`` over a
+    ``partial``). Written out because importing ``transformers.get_scheduler`` imports its Trainer's utilities, peft
+    and the modeling code: 3.2 CPU s in a learner rank's start that needs none of them."""
+    if kind == "constant":
+        return 1.0
+    if step < warmup:
+        return float(step) / float(max(1, warmup))
+    if kind == "constant_with_warmup":
+        return 1.0
+    if kind == "linear":
+        return max(0.0, float(total - step) / float(max(1, total - warmup)))
+    if kind == "cosine":  # half a cycle, as get_scheduler's default
+        progress = float(step - warmup) / float(max(1, total - warmup))
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    raise ValueError(f"learner.optim.scheduler: unknown schedule {kind!r}")
 
 
 def adamw_kernel(kernel: str, params: Sequence[torch.Tensor]) -> dict[str, bool]:

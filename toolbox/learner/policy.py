@@ -54,13 +54,14 @@ class PolicyRank:
         adapters switched off (`toolbox.learner.lora`). ``router_loss_coef``: the weight of a mixture-of-experts
         model's router loss (`RouterLoss`; 0 off, and an error for a dense model)."""
         placement = Placement.of(cfg)  # device, mixed precision, activation checkpointing, offload
-        base = loader(model_path, dtype).train()  # ``loader``: another head (a reward model's) on the same base
+        build = trained_loader(model_path, cfg, loader)
+        base = build(model_path, dtype).train()  # ``loader``: another head (a reward model's) on the same base
         model = wrap(base if cfg.lora is None else add_adapters(base, cfg.lora), cfg.strategy, placement)
         ref: nn.Module | None = None
         if frozen_reference and cfg.lora is not None:
             ref = AdapterDisabled(model)  # LoRA: the reference is the base model itself, no second copy
         elif frozen_reference:
-            ref = wrap(loader(model_path, dtype).eval().requires_grad_(False), cfg.strategy, placement, frozen=True)
+            ref = wrap(build(model_path, dtype).eval().requires_grad_(False), cfg.strategy, placement, frozen=True)
         policy = cls(model, cfg, optimizer_steps, ref, router_loss_coef)
         policy.source, policy.source_dtype, policy.loader = model_path, dtype, loader
         return policy
@@ -138,4 +139,17 @@ class PolicyRank:
         for name, companion in self.companions.items():
             companion.load(join(path, name))
         return self.step
+
+
+def trained_loader(model_path: str, cfg: LearnerConfig,
+                   loader: Callable[[str, str], nn.Module]) -> Callable[[str, str], nn.Module]:
+    """What builds the trained modules: toolbox's own Llama-family module (`toolbox.models.lean_llama`) where
+    ``learner.forward`` is auto, the policy is a causal LM (``loader`` is `load_causal_lm`) without LoRA (peft wraps
+    transformers' modules) and `lean_unsupported` accepts the directory; ``loader`` otherwise. An export still
+    writes through ``loader`` (transformers' ``save_pretrained``): the names are the same."""
+    from toolbox.models.lean_llama import lean_unsupported, load_lean_llama
+
+    if cfg.forward == "auto" and loader is load_causal_lm and cfg.lora is None and lean_unsupported(model_path) is None:
+        return load_lean_llama
+    return loader
 

@@ -1,13 +1,17 @@
-"""A Llama-family causal LM (Llama, Qwen2, Mistral) for inference only, in plain torch: the ``hf`` engine's model
-where its lean loop runs toolbox's own forward (`toolbox.engines.llama_decode.LlamaDecoder`).
+"""A Llama-family causal LM (Llama, Qwen2, Mistral) in plain torch: the ``hf`` engine's model where its lean loop
+runs toolbox's own decoder (`toolbox.engines.llama_decode.LlamaDecoder`), and the learners' trained policy
+(``learner.forward: auto``).
 
-That forward reads nothing of a transformers model but its parameters and a few config values, so the engine needs
-transformers' modeling code only to build the module tree. `LeanLlama` is that tree with the same parameter names
-and shapes, built from the directory's ``config.json`` and filled from its safetensors: a rollout worker then never
-imports ``transformers.modeling_utils`` (with torch.distributed.tensor, dynamo, sympy and accelerate behind it):
-about 2 CPU s and 100 MiB less per worker process (`toolbox bench startup`). Weight syncs, ``state_dict`` and
-checkpoints see the names transformers uses. Hand-written because it is the part of transformers' model the lean
-loop already replaces; the transformers model stays the reference (tests compare tokens and logits).
+Both read nothing of a transformers model but its parameters and a few config values, so they need transformers'
+modeling code only to build the module tree. `LeanLlama` is that tree with the same parameter names and shapes,
+built from the directory's ``config.json`` and filled from its safetensors, with a whole-sequence `forward` that
+trains (padded, packed and shared-prompt rows; activation checkpointing; FSDP2 shards each block as it does
+transformers'): a rollout worker or learner rank then never imports ``transformers.modeling_utils`` (with
+dynamo, sympy and accelerate behind it): about 2 CPU s and 80-100 MiB less per process (`toolbox bench startup`).
+Weight syncs, ``state_dict`` and checkpoints see the names transformers uses, so a checkpoint or an export of
+either model loads into the other. Hand-written because it is the part of transformers' model the lean loop and
+the learners use, and nothing more; the transformers model stays the reference (tests compare tokens, logits and
+gradients).
 
 `lean_unsupported` says why a directory needs transformers' model instead (another architecture, a RoPE or
 attention variant `LlamaDecoder` does not compute, remote code, quantized or non-safetensors weights); the engine
@@ -19,12 +23,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from toolbox.engines.llama_decode import MODEL_TYPES, LlamaDecoder, column_major_weights
+from toolbox.models.llama_ops import (
+    MODEL_TYPES,
+    heads,
+    mlp,
+    packed_mask,
+    padding_mask,
+    rms_norm,
+    rope,
+    rotate,
+)
+
+if TYPE_CHECKING:
+    from toolbox.engines.llama_decode import LlamaDecoder
 
 SINGLE_FILE, INDEX = "model.safetensors", "model.safetensors.index.json"
 
@@ -84,6 +101,8 @@ class _RMSNorm(nn.Module):
 
 
 class _Rotary(nn.Module):
+    inv_freq: torch.Tensor
+
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
@@ -92,6 +111,11 @@ class _Rotary(nn.Module):
 
 
 class _Attention(nn.Module):
+    q_proj: nn.Linear
+    k_proj: nn.Linear
+    v_proj: nn.Linear
+    o_proj: nn.Linear
+
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, biases: set[str]) -> None:
         super().__init__()
         self.head_dim, self.scaling = head_dim, head_dim**-0.5
@@ -112,25 +136,46 @@ class _MLP(nn.Module):
 class _Layer(nn.Module):
     def __init__(self, cfg: SimpleNamespace, biases: set[str]) -> None:
         super().__init__()
-        self.self_attn = _Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                                    biases)
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.self_attn = _Attention(cfg.hidden_size, self.heads, self.kv_heads, cfg.head_dim, biases)
         self.mlp = _MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The block over a whole sequence (a module call of its own: FSDP2 gathers its shards around it)."""
+        attn, (b, t, _) = self.self_attn, hidden.shape
+        x = rms_norm(hidden, self.input_layernorm)
+        q = rotate(heads(attn.q_proj, x, self.heads, attn.head_dim), cos, sin)
+        k = rotate(heads(attn.k_proj, x, self.kv_heads, attn.head_dim), cos, sin)
+        out = F.scaled_dot_product_attention(q, k, heads(attn.v_proj, x, self.kv_heads, attn.head_dim),
+                                             attn_mask=mask, scale=attn.scaling, enable_gqa=True)
+        hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return hidden + mlp(self.mlp, rms_norm(hidden, self.post_attention_layernorm))
 
 
 class _Body(nn.Module):
     def __init__(self, cfg: SimpleNamespace, rope_theta: float, biases: set[str]) -> None:
         super().__init__()
-        self.embed_tokens = _Embedding(cfg.vocab_size, cfg.hidden_size, device="meta")
+        # padding_idx as transformers sets it: the pad token's embedding takes no gradient
+        self.embed_tokens = _Embedding(cfg.vocab_size, cfg.hidden_size, getattr(cfg, "pad_token_id", None),
+                                       device="meta")
         self.layers = nn.ModuleList(_Layer(cfg, biases) for _ in range(cfg.num_hidden_layers))
         self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = _Rotary(cfg.head_dim, rope_theta)
 
 
+class CausalLMOutput(NamedTuple):
+    """`LeanLlama`'s output (a named tuple: FSDP2 and autograd hooks find the tensor in it)."""
+
+    logits: torch.Tensor
+
+
 class LeanLlama(nn.Module):
     """transformers' ``<Llama|Qwen2|Mistral>ForCausalLM`` parameters under the same names, decoded by
-    `LlamaDecoder` (`decoder`) and run whole by `forward` (inference only: no gradients, a 2-D padding mask)."""
+    `LlamaDecoder` (`decoder`) and run whole, with gradients, by `forward`."""
+
+    base_model_prefix = "model"  # where `toolbox.learner.strategy.decoder_layers` finds the blocks
 
     def __init__(self, config: dict[str, Any], biases: set[str]) -> None:
         super().__init__()
@@ -140,6 +185,7 @@ class LeanLlama(nn.Module):
         self.config = cfg
         self.model = _Body(cfg, float(_rope(config)["rope_theta"]), biases)
         self.lm_head = _Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device="meta")
+        self.checkpointing = False
 
     def tie(self) -> None:
         if self.config.tie_word_embeddings:
@@ -147,22 +193,48 @@ class LeanLlama(nn.Module):
 
     def decoder(self, batch: int, max_len: int) -> LlamaDecoder:
         """The lean loop's decoder over this model (weights column-major on a CPU: `column_major_weights`)."""
+        from toolbox.engines.llama_decode import LlamaDecoder, column_major_weights
+
         column_major_weights(self)  # type: ignore[arg-type]  # what it reads of a transformers model, this has
         return LlamaDecoder(self, batch, max_len)  # type: ignore[arg-type]  # reads what it reads of a transformers model
 
-    @torch.no_grad()
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict[str, Any] | None = None) -> None:
+        """Recompute each block's activations in backward (torch's non-reentrant checkpoint, as transformers'
+        switch of the same name; ``use_reentrant`` is the one keyword taken)."""
+        kwargs = gradient_checkpointing_kwargs or {}
+        if kwargs.get("use_reentrant", False):
+            raise ValueError("the lean Llama model checkpoints its blocks with use_reentrant=False only")
+        self.checkpointing = True
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, logits_to_keep: int = 0, **_: Any) -> SimpleNamespace:
-        """Logits ``[B, T, V]`` (the last ``logits_to_keep`` positions when given) of a left-padded batch; positions
-        count from 0 at the first column unless ``position_ids`` says otherwise, as transformers' forward does."""
+                position_ids: torch.Tensor | None = None, logits_to_keep: int = 0, **_: Any) -> CausalLMOutput:
+        """Logits ``[B, T, V]`` (the last ``logits_to_keep`` positions when given), as transformers' forward takes
+        its inputs: a 2-D padding mask (left-padded rows), a prepared 4-D mask (boolean, or additive), or none with
+        ``position_ids`` that restart at each packed sequence. Positions count from 0 at the first column unless
+        ``position_ids`` says otherwise."""
         b, t = input_ids.shape
-        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        if mask.dim() != 2:
-            raise ValueError(f"the lean Llama model takes a 2-D padding mask, got shape {tuple(mask.shape)}; load the "
-                             "transformers model for packed rows (rollout.engine.forward: transformers)")
         pos = torch.arange(t, device=input_ids.device).expand(b, t) if position_ids is None else position_ids
-        logits = LlamaDecoder(self, b, t).logits(input_ids, mask, pos)  # type: ignore[arg-type]
-        return SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
+        if attention_mask is None:
+            mask = packed_mask(pos)
+        elif attention_mask.dim() == 2:
+            mask = padding_mask(attention_mask)
+        else:
+            mask = attention_mask
+        hidden = self.model.embed_tokens(input_ids)
+        cos, sin = rope(pos, self.model.rotary_emb.inv_freq, self.model.rotary_emb.attention_scaling, hidden.dtype)
+        for layer in self.model.layers:
+            if self.checkpointing and self.training and torch.is_grad_enabled():
+                from torch.utils.checkpoint import checkpoint
+
+                hidden = checkpoint(layer, hidden, cos, sin, mask, use_reentrant=False)
+            else:
+                hidden = layer(hidden, cos, sin, mask)
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        return CausalLMOutput(self.lm_head(rms_norm(hidden, self.model.norm)))
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
 
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head
