@@ -95,10 +95,6 @@ class LlamaDecoder:
         position's logits ``[B, V]``."""
         return self._logits(self._prefill(ids_BP, mask_BP, pos_BP)[:, -1])
 
-    def logits(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, pos_BP: torch.Tensor) -> torch.Tensor:
-        """`prefill`, with the logits of every position ``[B, P, V]`` (a whole-sequence forward)."""
-        return self._logits(self._prefill(ids_BP, mask_BP, pos_BP))
-
     def _prefill(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, pos_BP: torch.Tensor) -> torch.Tensor:
         return self._layers(self.model.model.embed_tokens(ids_BP), pos_BP, padding_mask(mask_BP))
 

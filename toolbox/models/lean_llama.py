@@ -21,6 +21,7 @@ then loads that, as it does for ``decode: generate``, ``forward: transformers`` 
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -222,13 +223,13 @@ class LeanLlama(nn.Module):
             mask = attention_mask
         hidden = self.model.embed_tokens(input_ids)
         cos, sin = rope(pos, self.model.rotary_emb.inv_freq, self.model.rotary_emb.attention_scaling, hidden.dtype)
-        for layer in self.model.layers:
-            if self.checkpointing and self.training and torch.is_grad_enabled():
-                from torch.utils.checkpoint import checkpoint
+        run: Any = nn.Module.__call__
+        if self.checkpointing and self.training and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
 
-                hidden = checkpoint(layer, hidden, cos, sin, mask, use_reentrant=False)
-            else:
-                hidden = layer(hidden, cos, sin, mask)
+            run = partial(checkpoint, use_reentrant=False)
+        for layer in self.model.layers:
+            hidden = run(layer, hidden, cos, sin, mask)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         return CausalLMOutput(self.lm_head(rms_norm(hidden, self.model.norm)))

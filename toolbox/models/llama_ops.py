@@ -42,12 +42,15 @@ def mlp(block: Any, x: torch.Tensor) -> torch.Tensor:
     return block.down_proj(F.silu(block.gate_proj(x)) * block.up_proj(x))
 
 
+def _causal(t: int, device: torch.device) -> torch.Tensor:
+    return torch.ones((t, t), dtype=torch.bool, device=device).tril()
+
+
 def padding_mask(mask_BT: torch.Tensor) -> torch.Tensor:
     """The causal mask ``[B, 1, T, T]`` of left-padded rows (``mask_BT``: 1 at real tokens)."""
     t = mask_BT.shape[1]
-    causal = torch.ones((t, t), dtype=torch.bool, device=mask_BT.device).tril()
     eye = torch.eye(t, dtype=torch.bool, device=mask_BT.device)
-    return ((causal & mask_BT.bool()[:, None, :]) | eye)[:, None]
+    return ((_causal(t, mask_BT.device) & mask_BT.bool()[:, None, :]) | eye)[:, None]
 
 
 def packed_mask(pos_BT: torch.Tensor) -> torch.Tensor:
@@ -56,5 +59,4 @@ def packed_mask(pos_BT: torch.Tensor) -> torch.Tensor:
     t = pos_BT.shape[1]
     starts = torch.diff(pos_BT, prepend=pos_BT[:, :1] - 1, dim=-1) != 1
     seq_BT = starts.cumsum(-1)
-    causal = torch.ones((t, t), dtype=torch.bool, device=pos_BT.device).tril()
-    return (causal & (seq_BT[:, :, None] == seq_BT[:, None, :]))[:, None]
+    return (_causal(t, pos_BT.device) & (seq_BT[:, :, None] == seq_BT[:, None, :]))[:, None]
