@@ -228,7 +228,9 @@ def test_the_learner_keeps_transformers_model_where_the_lean_one_does_not_apply(
 
 def test_a_learner_rank_never_imports_the_modeling_code(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A fresh process that builds the default GRPO learner, takes a step, exports its weights and saves a
-    checkpoint has not imported ``transformers.modeling_utils``."""
+    checkpoint has not imported ``transformers.modeling_utils``; nor, up to the checkpoint (whose
+    ``torch.distributed.checkpoint`` state dict imports it), ``torch._dynamo``, which torch's optimizer wrappers would
+    import (`toolbox.learner.optimizers.eager`)."""
     script = textwrap.dedent(f"""
         import sys, torch
         from tests.unit.test_lean_llama import _grpo, _rows
@@ -238,11 +240,12 @@ def test_a_learner_rank_never_imports_the_modeling_code(tiny_model_dir: Path, tm
         rewards = RewardResult(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.zeros(4, dtype=torch.long), [""] * 4)
         online_step(learner, [_rows(learner.policy.model.config.vocab_size)], [rewards])
         learner.policy.export_weights()
+        dynamo = "torch._dynamo" in sys.modules
         learner.policy.save({str(tmp_path / "ckpt")!r})
-        print(type(learner.policy.model).__name__, "transformers.modeling_utils" in sys.modules)
+        print(type(learner.policy.model).__name__, "transformers.modeling_utils" in sys.modules, dynamo)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-2:] == ["LeanLlama", "False"], out.stdout
+    assert out.stdout.split()[-3:] == ["LeanLlama", "False", "False"], out.stdout
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -160,3 +162,40 @@ def test_each_schedule_is_transformers_own_and_resumes_from_its_checkpoint(kind:
     resumed_ours.load_state_dict(theirs.state_dict())
     resumed_theirs.load_state_dict(ours.state_dict())
     assert resumed_ours.get_last_lr() == resumed_theirs.get_last_lr() == theirs.get_last_lr()
+
+
+def test_the_optimizers_step_as_torchs_without_importing_its_compiler() -> None:
+    """AdamW (fused and not) and SGD as `toolbox.learner.optimizers.eager` builds them take torch's steps bit for
+    bit, their state dicts load into torch's own, and (in a fresh process) none of it imports ``torch._dynamo``."""
+    script = textwrap.dedent("""
+        import sys, torch
+        from torch import nn
+        from toolbox.learner.optimizers import eager
+
+        def make():
+            torch.manual_seed(0)
+            return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+
+        def run(cls, **kw):
+            model = make()
+            opt = cls(model.parameters(), lr=1e-2, **kw)
+            for i in range(3):
+                model(torch.randn(4, 8, generator=torch.Generator().manual_seed(i))).square().sum().backward()
+                opt.step()
+                opt.zero_grad()
+            state = opt.state_dict()
+            opt.load_state_dict(state)
+            return [p.detach().clone() for p in model.parameters()], state
+
+        cases = [(torch.optim.AdamW, {"fused": True}), (torch.optim.AdamW, {"foreach": False}),
+                 (torch.optim.SGD, {"momentum": 0.9, "nesterov": True})]
+        ours = [run(eager(cls), **kw) for cls, kw in cases]
+        clean = "torch._dynamo" not in sys.modules
+        theirs = [run(cls, **kw) for cls, kw in cases]
+        same = all(all(torch.equal(a, b) for a, b in zip(o[0], t[0])) for o, t in zip(ours, theirs))
+        loads = all(torch.optim.AdamW(make().parameters()).load_state_dict(o[1]) is None for o in ours[:2])
+        print(clean, same, loads, isinstance(eager(torch.optim.AdamW)([nn.Parameter(torch.ones(1))]), torch.optim.AdamW))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-4:] == ["True"] * 4, out.stdout

@@ -8,7 +8,10 @@ get none, as in GPT-2, nanoGPT and transformers' Trainer (``learner.optim.decay_
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -66,6 +69,38 @@ def check_strategy(name: str, strategy: str, field: str) -> None:
                           "ddp (or single), or another optimizer (adamw, sgd)")
 
 
+# torch wraps an optimizer's add_param_group, step, zero_grad, state_dict and load_state_dict so that torch.compile
+# leaves them uncompiled, and each wrapper imports torch._dynamo on its first call: 1.2-1.5 CPU s of a learner rank's
+# start on the project's 2-core VM, for a compiler toolbox does not run. `eager` calls the methods under the wrappers
+# instead (the step with the grad mode its wrapper sets); once torch._dynamo is imported anyway (a user's compiled
+# code), torch's wrappers run as they are.
+_DYNAMO_WRAPPED = ("add_param_group", "zero_grad", "state_dict", "load_state_dict")
+
+
+def _unwrapped(method: Any, step: bool = False) -> Any:
+    raw = inspect.unwrap(method)
+
+    @functools.wraps(raw)
+    def call(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        if "torch._dynamo" in sys.modules:
+            return method(self, *args, **kwargs)
+        if not step:
+            return raw(self, *args, **kwargs)
+        with torch.set_grad_enabled(self.defaults["differentiable"]):  # as torch's `_use_grad_for_differentiable`
+            return raw(self, *args, **kwargs)
+
+    return call
+
+
+@functools.cache
+def eager(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+    """``cls`` (one of torch's optimizers whose step is wrapped by ``_use_grad_for_differentiable``) without the
+    wrappers that import torch._dynamo (see above); the same class to ``isinstance`` and to a checkpoint."""
+    methods = {name: _unwrapped(getattr(cls, name)) for name in _DYNAMO_WRAPPED}
+    return type(cls.__name__, (cls,), {**methods, "step": _unwrapped(cls.step, step=True),
+                                       "__module__": cls.__module__, "__doc__": cls.__doc__})
+
+
 def _flat(groups: Groups) -> list[torch.Tensor]:
     return [p for g in groups for p in g["params"]]
 
@@ -75,13 +110,13 @@ def adamw(groups: Groups, o: OptimConfig) -> torch.optim.Optimizer:
     """torch's AdamW, fused where torch fuses these parameters (``learner.optim.kernel``)."""
     from toolbox.learner.optim import adamw_kernel
 
-    return torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, **adamw_kernel(o.kernel, _flat(groups)))
+    return eager(torch.optim.AdamW)(groups, lr=o.lr, betas=o.betas, eps=o.eps, **adamw_kernel(o.kernel, _flat(groups)))
 
 
 @OPTIMIZERS.register("sgd")
 def sgd(groups: Groups, o: OptimConfig) -> torch.optim.Optimizer:
     """torch's SGD with ``learner.optim.momentum`` (Nesterov with ``nesterov``)."""
-    return torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0)
+    return eager(torch.optim.SGD)(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0)
 
 
 @OPTIMIZERS.register("adafactor")
