@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,12 @@ def test_an_early_instance_is_used_when_the_config_asks_for_it_and_dropped_other
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"used": True, "answered": 7, "other": False,
                                                                 "after": False}
     assert "not the main thread" not in done.stderr  # Ray's warning about its signal handler is dropped
+
+
+def test_the_start_up_floor_is_measured_as_a_run_is(tmp_path: Path) -> None:
+    """`toolbox bench startup --floor`'s side: Ray started as a run starts it and two actors importing torch, timed
+    and CPU-counted by the reader of a run's first step, in a process that exits 0."""
+    from toolbox.bench.startup import FLOOR, one_run
+
+    floor = one_run(FLOOR, 1, [], tmp_path, "floor")
+    assert 0 < floor["to_step_1_s"] < floor["to_exit_s"] and floor["tree_cpu_s"] > 1.0, floor

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from toolbox.bench.default_run import figures, report, trl_spec
-from toolbox.bench.startup import with_experiment
+from toolbox.bench.startup import FLOOR, against_floor, with_experiment
 
 
 def test_trl_side_takes_the_experiments_hyper_parameters() -> None:
@@ -31,3 +31,11 @@ def test_figures_and_the_ratio_of_launch_to_exit_times() -> None:
     assert "peak_pss_mib 1400.000" in lines[-3] and "peak_pss_mib 900.000" in lines[-2]
     with pytest.raises(RuntimeError, match="the trl side ended 1 steps"):
         figures("trl", 0.0, 1.0, [0.5], [0.0])
+
+
+def test_each_tree_is_put_against_the_floor_measured_beside_it() -> None:
+    runs = [{"tree": "a", "to_step_1_s": s} for s in (8.0, 9.0, 10.0)] + [{"tree": FLOOR, "to_step_1_s": s}
+                                                                          for s in (4.0, 6.0)]
+    assert against_floor(runs) == ["[a] step 1 at 9.0 s: 1.80x the floor (Ray's start and two actors importing "
+                                   "torch: 5.0 s, 4.0 s above it)"]
+    assert against_floor(runs[:3]) == []  # no --floor: no line

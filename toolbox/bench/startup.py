@@ -14,6 +14,10 @@ after (the machine's other work shows in every wall-clock figure; the CPU second
 within every round: a checkout of another commit measured beside this one (a tree without
 ``toolbox/driver/startup.py`` reports no phases; its launch-to-step-1 time still comes from its metrics). A tree's
 ``toolbox/actors`` must resolve inside it (a checkout of this repository has ``actors/`` at the top: link it).
+
+``--floor`` adds, alternating within every round, the same measurement of what any start of the run does before
+toolbox's own work: a local Ray instance started as a run starts it and two actors importing torch
+(`toolbox.bench._startup_floor`); the last line then puts each tree's median against the floor's.
 """
 
 from __future__ import annotations
@@ -39,20 +43,28 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    "(repeatable; default: none, the installed toolbox)")
     p.add_argument("--override", action="append", default=[], help="a dotted config override for every run")
     p.add_argument("--run-root", default="", help="where the runs go (default: a temporary directory)")
+    p.add_argument("--floor", action="store_true", help="also measure Ray's start and two actors importing torch, "
+                   "the floor of any start (`toolbox.bench._startup_floor`)")
     p.add_argument("--out", default="", help="write every run's figures here as JSON")
     return p.parse_args(argv)
 
 
+FLOOR = "floor"  # the side `--floor` adds
+
+
 def one_run(tree: str, steps: int, overrides: list[str], run_root: Path, name: str) -> dict[str, Any]:
-    """One launch of the default run; its wall times and start-up phases."""
+    """One launch of the default run (or with ``tree`` `FLOOR`, of the floor); its wall times and start-up phases."""
     env = dict(os.environ)
-    if tree:
+    if tree and tree != FLOOR:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(tree).resolve()), *filter(None, [env.get("PYTHONPATH")])])
     cmd = [sys.executable, "-m", "toolbox.run", f"trainer.total_steps={steps}", "trainer.eval_every=0", *overrides,
            f"trainer.run_root={run_root}", f"trainer.run_name={name}"]  # an --override can turn evaluation on
+    if tree == FLOOR:
+        cmd = [sys.executable, "-m", "toolbox.bench._startup_floor", str(run_root / name)]
     run_dir, launched = run_root / name, time.time()
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, env=env, cwd=tree or None, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        proc = subprocess.Popen(cmd, env=env, cwd=None if tree in ("", FLOOR) else tree, stdout=subprocess.DEVNULL,
+                                stderr=err, text=True)
         cpu_s = tree_cpu_until(proc, run_dir / "metrics.jsonl")
         code = proc.wait()
         exited = time.time() - launched
@@ -109,11 +121,22 @@ def median_table(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def against_floor(runs: list[dict[str, Any]]) -> list[str]:
+    """With `FLOOR` runs among ``runs``: one line per tree, its median launch-to-step-1 against the floor's."""
+    median = {tree: statistics.median(r["to_step_1_s"] for r in runs if r["tree"] == tree)
+              for tree in dict.fromkeys(r["tree"] for r in runs)}
+    floor = median.pop(FLOOR, None)
+    if floor is None:
+        return []
+    return [f"[{tree}] step 1 at {s:.1f} s: {s / floor:.2f}x the floor (Ray's start and two actors importing torch: "
+            f"{floor:.1f} s, {s - floor:.1f} s above it)" for tree, s in median.items()]
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
     overrides = with_experiment(args.override)
     run_root = Path(args.run_root or tempfile.mkdtemp(prefix="toolbox-startup-"))
-    trees = args.tree or [""]
+    trees = [*(args.tree or [""]), *([FLOOR] if args.floor else [])]
     load_before = os.getloadavg()
     runs = []
     for r in range(args.rounds):
@@ -121,7 +144,7 @@ def main(argv: list[str]) -> int:
             run = one_run(tree, args.steps, overrides, run_root, f"startup-{r}-{i}-{time.time_ns()}")
             runs.append(run)
             print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in run.items()}), flush=True)
-    print(*median_table(runs), sep="\n")
+    print(*median_table(runs), *against_floor(runs), sep="\n")
     print(f"load average (1, 5, 15 min): before {load_before}, after {os.getloadavg()}")
     if args.out:
         Path(args.out).write_text(json.dumps({"runs": runs, "load_before": load_before,
