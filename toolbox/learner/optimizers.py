@@ -12,7 +12,7 @@ import functools
 import importlib.util
 import inspect
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from toolbox.learner.config import OptimConfig
 
 Groups = list[dict[str, Any]]
+Opt = TypeVar("Opt", bound=torch.optim.Optimizer)
 OPTIMIZERS: Registry[torch.optim.Optimizer] = Registry("optimizer")
 NEEDS: dict[str, tuple[str, str]] = {"adamw_8bit": ("bitsandbytes", "pip install bitsandbytes (CUDA builds)")}
 # Optimizers whose step cannot run on FSDP2's sharded parameters (DTensor), and why.
@@ -92,13 +93,17 @@ def _unwrapped(method: Any, step: bool = False) -> Any:
     return call
 
 
-@functools.cache
-def eager(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+_EAGER: dict[type, type] = {}
+
+
+def eager(cls: type[Opt]) -> type[Opt]:
     """``cls`` (one of torch's optimizers whose step is wrapped by ``_use_grad_for_differentiable``) without the
     wrappers that import torch._dynamo (see above); the same class to ``isinstance`` and to a checkpoint."""
-    methods = {name: _unwrapped(getattr(cls, name)) for name in _DYNAMO_WRAPPED}
-    return type(cls.__name__, (cls,), {**methods, "step": _unwrapped(cls.step, step=True),
-                                       "__module__": cls.__module__, "__doc__": cls.__doc__})
+    if cls not in _EAGER:
+        methods = {name: _unwrapped(getattr(cls, name)) for name in _DYNAMO_WRAPPED}
+        _EAGER[cls] = type(cls.__name__, (cls,), {**methods, "step": _unwrapped(cls.step, step=True),
+                                                  "__module__": cls.__module__, "__doc__": cls.__doc__})
+    return _EAGER[cls]
 
 
 def _flat(groups: Groups) -> list[torch.Tensor]:
