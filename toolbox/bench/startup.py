@@ -57,10 +57,11 @@ def one_run(tree: str, steps: int, overrides: list[str], run_root: Path, name: s
     env = dict(os.environ)
     if tree and tree != FLOOR:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(tree).resolve()), *filter(None, [env.get("PYTHONPATH")])])
-    cmd = [sys.executable, "-m", "toolbox.run", f"trainer.total_steps={steps}", "trainer.eval_every=0", *overrides,
-           f"trainer.run_root={run_root}", f"trainer.run_name={name}"]  # an --override can turn evaluation on
     if tree == FLOOR:
         cmd = [sys.executable, "-m", "toolbox.bench._startup_floor", str(run_root / name)]
+    else:  # an --override can turn evaluation on
+        cmd = [sys.executable, "-m", "toolbox.run", f"trainer.total_steps={steps}", "trainer.eval_every=0", *overrides,
+               f"trainer.run_root={run_root}", f"trainer.run_name={name}"]
     run_dir, launched = run_root / name, time.time()
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, env=env, cwd=None if tree in ("", FLOOR) else tree, stdout=subprocess.DEVNULL,
