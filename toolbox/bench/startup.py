@@ -54,9 +54,9 @@ FLOOR = "floor"  # the side `--floor` adds
 
 def one_run(tree: str, steps: int, overrides: list[str], run_root: Path, name: str) -> dict[str, Any]:
     """One launch of the default run (or with ``tree`` `FLOOR`, of the floor); its wall times and start-up phases."""
-    env = dict(os.environ)
-    if tree and tree != FLOOR:
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(tree).resolve()), *filter(None, [env.get("PYTHONPATH")])])
+    env, source = dict(os.environ), "" if tree == FLOOR else tree  # the floor runs the installed toolbox
+    if source:
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(source).resolve()), *filter(None, [env.get("PYTHONPATH")])])
     if tree == FLOOR:
         cmd = [sys.executable, "-m", "toolbox.bench._startup_floor", str(run_root / name)]
     else:  # an --override can turn evaluation on
@@ -64,8 +64,7 @@ def one_run(tree: str, steps: int, overrides: list[str], run_root: Path, name: s
                f"trainer.run_root={run_root}", f"trainer.run_name={name}"]
     run_dir, launched = run_root / name, time.time()
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, env=env, cwd=None if tree in ("", FLOOR) else tree, stdout=subprocess.DEVNULL,
-                                stderr=err, text=True)
+        proc = subprocess.Popen(cmd, env=env, cwd=source or None, stdout=subprocess.DEVNULL, stderr=err, text=True)
         cpu_s = tree_cpu_until(proc, run_dir / "metrics.jsonl")
         code = proc.wait()
         exited = time.time() - launched
