@@ -15,6 +15,7 @@ import logging
 import os
 import subprocess
 import threading
+import time
 from typing import Any
 
 import yaml
@@ -113,8 +114,19 @@ def end_monitor() -> None:
         try:
             if any(arg.endswith(MONITOR_SCRIPT) for arg in proc.cmdline()):
                 proc.kill()  # reaped by Ray's own handle on it
+                _until_dead(proc)
         except psutil.Error:  # gone meanwhile
             continue
+
+
+def _until_dead(proc: Any, timeout_s: float = 2.0) -> None:
+    """Return once the killed child ``proc`` no longer runs (a zombie until Ray's handle reaps it: not waited for
+    here, which would reap it under Ray), or after ``timeout_s``: a kill lands asynchronously."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.01)
 
 
 def shutdown() -> None:
