@@ -15,14 +15,16 @@ import torch
 
 from toolbox.rl.shared_weights import (
     MAX_SLOTS,
+    PIECE_BYTES,
     SharedPool,
     SharedWeightsReader,
     SharedWeightsUnavailable,
     SharedWeightsWriter,
     layout,
+    runs,
     write,
 )
-from toolbox.rl.weights import load_into
+from toolbox.rl.weights import load_into, unpack_all
 
 
 def model(seed: int) -> torch.nn.Module:
@@ -46,6 +48,37 @@ def test_write_copies_every_layout_of_the_source(make: object) -> None:
     target = torch.empty(source.shape, dtype=torch.float32)
     write(target, source)
     assert torch.equal(target, source.float())
+
+
+def test_runs_cut_the_copies_into_equal_shares_in_order() -> None:
+    """Three threads' runs over 5 MiB of float32: each about a third, splitting tensors at element boundaries; a
+    strided source stays whole; together the runs cover every element once, in the pairs' order."""
+    sources = [torch.randn(PIECE_BYTES // 4 * 3), torch.randn(64, 48).t(), torch.randn(PIECE_BYTES // 4 * 2)]
+    targets = [torch.empty(s.shape) for s in sources]
+    cut = runs(list(zip(targets, sources)), 3)
+    shares = [sum(t.numel() * 4 for t, _ in run) for run in cut]
+    total = sum(t.numel() * 4 for t in targets)
+    assert len(cut) == 3 and sum(shares) == total and max(shares) - min(shares) <= 64 * 48 * 4
+    assert all(len(run) >= 1 for run in cut) and [t.shape for t, _ in cut[1] if t.dim() == 2] == [(48, 64)]
+    for run in cut:
+        for target, source in run:
+            write(target, source)
+    assert all(torch.equal(t, s) for t, s in zip(targets, sources))
+    assert len(runs(list(zip(targets, sources)), 1)) == 1  # one thread: one run
+    assert len(runs([(torch.empty(8), torch.randn(8))], 4)) == 1  # under PIECE_BYTES: one run
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_threaded_publish_writes_what_a_single_one_does(threads: int) -> None:
+    state = {f"p{i}": torch.randn(PIECE_BYTES // 4 + 7 * i) for i in range(4)} | {"w": torch.randn(9, 5).t()}
+    writer = SharedWeightsWriter(state, readers=1, dtype="bfloat16", threads=threads)
+    reader = SharedWeightsReader(writer.pool, 0)
+    writer.publish(state)
+    got = unpack_all(reader.wait(1, timeout_s=5))
+    assert writer.threads == threads and list(got) == list(state)
+    for name, tensor in state.items():
+        assert torch.equal(got[name], tensor.to(torch.bfloat16)), name
+    writer.close()
 
 
 def test_engine_points_at_the_slot_without_copying() -> None:

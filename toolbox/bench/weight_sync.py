@@ -15,7 +15,9 @@ Two paths, alternating within each round, each as a run takes it:
 The clock runs from the first call to the last return, seen from the driver. ``ping`` is an empty actor call's
 round trip, the fixed latency of one call. The memcpy baseline copies the same bytes between two warm numpy
 buffers, single-threaded, in a worker process of its own, once in every round after the two syncs (best of the
-rounds, as theirs); sender and receiver run one torch thread each. Ray starts as a run's local instance does
+rounds, as theirs), and again split over as many threads as the sender's slot write takes
+(`toolbox.rl.shared_weights.copy_threads`): the machine's copy limit for that many cores. Sender and receiver run
+one torch thread each. Ray starts as a run's local instance does
 (`toolbox.driver.local_ray.start_local`), so all three processes have a run's worker environment, and with it the
 same ``memcpy`` (`toolbox.driver.local_ray.NON_TEMPORAL_BYTES`).
 
@@ -63,6 +65,9 @@ class Sender:
 
     def pool(self) -> Any:
         return self.writer.pool
+
+    def threads(self) -> int:
+        return self.writer.threads
 
     def update(self, seconds: float) -> float:
         """The learner's update the sync is queued behind (a sleep); returns when it ended (``time.monotonic``,
@@ -139,16 +144,25 @@ class Receiver:
 
 
 class Memcpy:
-    """The baseline: the same bytes copied between two warm numpy buffers, one thread."""
+    """The baseline: the same bytes copied between two warm numpy buffers, by one thread or by ``threads`` threads
+    each copying its own contiguous share (numpy's copy releases the GIL)."""
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, threads: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         self.src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
         self.dst = np.empty_like(self.src)
         np.copyto(self.dst, self.src)  # warm both buffers
+        cuts = np.linspace(0, nbytes, threads + 1).astype(int)
+        self.shares = [(self.dst[a:b], self.src[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+        self.pool = ThreadPoolExecutor(threads)
 
-    def seconds(self) -> float:
+    def seconds(self, threaded: bool = False) -> float:
         t0 = time.perf_counter()
-        np.copyto(self.dst, self.src)
+        if threaded:
+            list(self.pool.map(lambda share: np.copyto(*share), self.shares))
+        else:
+            np.copyto(self.dst, self.src)
         return time.perf_counter() - t0
 
 
@@ -192,9 +206,10 @@ def measure(size_mb: int, repeats: int, bucket_mb: int, warmup: int = 3) -> dict
     receiver = ray.remote(Receiver).options(num_cpus=0.5).remote(size_mb)
     ray.get(receiver.attach.remote(sender.pool.remote()))
     nbytes = max(1, size_mb // TENSOR_MB) * TENSOR_MB << 20
-    memcpy = ray.remote(Memcpy).options(num_cpus=0).remote(nbytes)
+    (threads,) = ray.get([sender.threads.remote()])
+    memcpy = ray.remote(Memcpy).options(num_cpus=0).remote(nbytes, threads)
     best: dict[str, float] = dict.fromkeys(("sync_s", "trip_s", "store_sync_s", "store_trip_s", "ping_s",
-                                            "memcpy_s"), float("inf"))
+                                            "memcpy_s", "memcpy_threads_s"), float("inf"))
     for round_ in range(warmup + repeats):
         sync_s, copy_s, load_s = shared_round(sender, receiver, queued=True)
         trip_s = shared_round(sender, receiver, queued=False)[0]
@@ -210,7 +225,8 @@ def measure(size_mb: int, repeats: int, bucket_mb: int, warmup: int = 3) -> dict
             best.update(store_sync_s=store_sync_s, put_s=ray.get(exported)[2])
         best.update(trip_s=min(best["trip_s"], trip_s), store_trip_s=min(best["store_trip_s"], store_trip_s),
                     ping_s=min(best["ping_s"], timed(lambda: ray.get(receiver.ping.remote()))[1]),
-                    memcpy_s=min(best["memcpy_s"], float(ray.get(memcpy.seconds.remote()))))  # every round, between syncs
+                    memcpy_s=min(best["memcpy_s"], float(ray.get(memcpy.seconds.remote()))),  # every round, between syncs
+                    memcpy_threads_s=min(best["memcpy_threads_s"], float(ray.get(memcpy.seconds.remote(True)))))
     # The last load was the object store's: one more shared round, then both sides must hold the same weights and
     # the receiver's parameters must all view its slot mapping (the shared path copies nothing on the engine).
     shared_round(sender, receiver, queued=False)
@@ -220,8 +236,10 @@ def measure(size_mb: int, repeats: int, bucket_mb: int, warmup: int = 3) -> dict
     for actor in (sender, receiver, memcpy):
         ray.kill(actor)
     memcpy_s = best["memcpy_s"]
-    return {"size_mb": nbytes >> 20, **best, "sync_gbps": nbytes / best["sync_s"] / 1e9,
+    return {"size_mb": nbytes >> 20, "threads": threads, **best, "sync_gbps": nbytes / best["sync_s"] / 1e9,
             "memcpy_gbps": nbytes / memcpy_s / 1e9, "ratio": memcpy_s / best["sync_s"],
+            "memcpy_threads_gbps": nbytes / best["memcpy_threads_s"] / 1e9,
+            "threads_ratio": best["memcpy_threads_s"] / best["sync_s"],
             "trip_ratio": memcpy_s / best["trip_s"], "store_ratio": memcpy_s / best["store_sync_s"]}
 
 
@@ -251,13 +269,15 @@ def main(argv: list[str]) -> int:
     table = Table(title="learner -> rollout weight sync on one node (CPU): shared memory, and the object store")
     cols = {"first sync s": "first_sync_s", "sync s": "sync_s", "copy s": "copy_s", "from driver s": "trip_s",
             "store sync s": "store_sync_s", "put s": "put_s", "store from driver s": "store_trip_s", "ping s": "ping_s"}
-    for col in ("size MB", *cols, "engine copies", "sync GB/s", "memcpy GB/s", "sync / memcpy",
-                "from driver / memcpy", "store / memcpy"):
+    for col in ("size MB", "copy threads", *cols, "engine copies", "sync GB/s", "memcpy GB/s",
+                "memcpy, copy threads GB/s", "sync / memcpy", "sync / memcpy, copy threads", "from driver / memcpy",
+                "store / memcpy"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["size_mb"]), *(f"{r[k]:.4f}" for k in cols.values()), str(int(r["engine_copies"])),
-                      f"{r['sync_gbps']:.2f}", f"{r['memcpy_gbps']:.2f}",
-                      *(f"{r[k]:.2f}x" for k in ("ratio", "trip_ratio", "store_ratio")))
+        table.add_row(str(r["size_mb"]), str(r["threads"]), *(f"{r[k]:.4f}" for k in cols.values()),
+                      str(int(r["engine_copies"])), f"{r['sync_gbps']:.2f}", f"{r['memcpy_gbps']:.2f}",
+                      f"{r['memcpy_threads_gbps']:.2f}",
+                      *(f"{r[k]:.2f}x" for k in ("ratio", "threads_ratio", "trip_ratio", "store_ratio")))
     Console().print(f"load average {os.getloadavg()[0]:.1f} (the sync and the memcpy share the cores with it)")
     Console().print(table)
     if args.out:
