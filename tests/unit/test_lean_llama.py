@@ -140,6 +140,24 @@ def test_the_transformers_model_where_the_lean_loop_does_not_run_toolboxs_forwar
     assert lean_unsupported("HuggingFaceTB/SmolLM2-135M-Instruct") == "no local config.json (a hub id)"
 
 
+def test_weights_that_do_not_fit_the_config_load_as_transformers_model_in_engine_and_learner(
+        tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A directory whose config the lean module covers but whose weights carry a tensor it has no place for: the
+    engine and the learner both say so and load transformers' model (one rule, `lean_or`)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tiny_model_dir, tmp_path / "model")
+    weights = tmp_path / "model" / "model.safetensors"
+    save_file({**load_file(weights), "model.extra.weight": torch.zeros(2)}, weights, metadata={"format": "pt"})
+    path = str(tmp_path / "model")
+    assert lean_unsupported(path) is None
+    with caplog.at_level("WARNING", logger="toolbox"):
+        engine = HFEngine(path).model
+        learner = trained_loader(path, LearnerConfig(num_workers=1), load_causal_lm)(path, "float32")
+    assert not isinstance(engine, LeanLlama) and not isinstance(learner, LeanLlama)
+    assert [r.getMessage().count("unexpected ['model.extra.weight']") for r in caplog.records].count(1) == 2
+
+
 def _rows(vocab: int) -> RolloutBatch:
     """Four left-padded prompts (two groups of two rows sharing one), right-padded responses, one token id 0."""
     gen = torch.Generator().manual_seed(0)
@@ -218,7 +236,8 @@ def test_the_learner_keeps_transformers_model_where_the_lean_one_does_not_apply(
     """``forward: transformers``, LoRA adapters (peft wraps transformers' modules), another head (a reward model)
     and a directory it does not cover keep the loader the learner was given."""
     auto, lora = LearnerConfig(num_workers=1), LearnerConfig(num_workers=1, lora={"r": 4})
-    assert trained_loader(str(tiny_model_dir), auto, load_causal_lm) is load_lean_llama
+    assert isinstance(trained_loader(str(tiny_model_dir), auto, load_causal_lm)(str(tiny_model_dir), "float32"),
+                      LeanLlama)
     assert trained_loader(str(tiny_model_dir), LearnerConfig(num_workers=1, forward="transformers"),
                           load_causal_lm) is load_causal_lm
     assert trained_loader(str(tiny_model_dir), lora, load_causal_lm) is load_causal_lm

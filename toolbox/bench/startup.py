@@ -15,6 +15,11 @@ within every round: a checkout of another commit measured beside this one (a tre
 ``toolbox/driver/startup.py`` reports no phases; its launch-to-step-1 time still comes from its metrics). A tree's
 ``toolbox/actors`` must resolve inside it (a checkout of this repository has ``actors/`` at the top: link it).
 
+``--attached`` adds, alternating within every round, the first tree's run attached to a Ray instance that is
+already up (``RAY_ADDRESS``): what a user iterating on a running instance (``ray start --head`` once) waits for. The
+bench starts that head itself (token auth, no dashboard, a temp dir of its own) and stops it at the end; its idle
+daemons share the machine with the other sides' rounds.
+
 ``--floor`` adds, alternating within every round, the same measurement of what any start of the run does before
 toolbox's own work: a local Ray instance started as a run starts it and two actors importing torch
 (`toolbox.bench._startup_floor`); the last line then puts each tree's median against the floor's.
@@ -23,6 +28,7 @@ toolbox's own work: a local Ray instance started as a run starts it and two acto
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -30,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +52,23 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--run-root", default="", help="where the runs go (default: a temporary directory)")
     p.add_argument("--floor", action="store_true", help="also measure Ray's start and two actors importing torch, "
                    "the floor of any start (`toolbox.bench._startup_floor`)")
+    p.add_argument("--attached", action="store_true", help="also run the first tree attached to a Ray head that is "
+                   "already up (the bench starts it once)")
     p.add_argument("--out", default="", help="write every run's figures here as JSON")
     return p.parse_args(argv)
 
 
 FLOOR = "floor"  # the side `--floor` adds
+ATTACHED = "attached"  # the side `--attached` adds
 
 
-def one_run(tree: str, steps: int, overrides: list[str], run_root: Path, name: str) -> dict[str, Any]:
-    """One launch of the default run (or with ``tree`` `FLOOR`, of the floor); its wall times and start-up phases."""
+def one_run(tree: str, steps: int, overrides: list[str], run_root: Path, name: str,
+            address: str = "") -> dict[str, Any]:
+    """One launch of the default run (or with ``tree`` `FLOOR`, of the floor); its wall times and start-up phases.
+    With ``address`` the run attaches to the Ray instance there (reported as the `ATTACHED` side)."""
     env, source = dict(os.environ), "" if tree == FLOOR else tree  # the floor runs the installed toolbox
+    if address:
+        env.update(RAY_ADDRESS=address, RAY_AUTH_MODE="token")
     if source:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(source).resolve()), *filter(None, [env.get("PYTHONPATH")])])
     if tree == FLOOR:
@@ -73,8 +87,46 @@ def one_run(tree: str, steps: int, overrides: list[str], run_root: Path, name: s
             raise RuntimeError(f"{' '.join(cmd)} exited with {code}:\n{err.read()[-3000:]}")
     phases_file = run_dir / "startup.json"
     phases = json.loads(phases_file.read_text()) if phases_file.exists() else {}
-    return {"tree": tree or "installed", "to_step_1_s": first_step(run_dir / "metrics.jsonl")["time"] - launched,
+    return {"tree": ATTACHED if address else tree or "installed", "to_step_1_s": first_step(run_dir / "metrics.jsonl")["time"] - launched,
             "to_exit_s": exited, "tree_cpu_s": cpu_s, **phases}
+
+
+@contextlib.contextmanager
+def ray_head(num_cpus: int = 2) -> Iterator[str]:
+    """A Ray head on this machine for the `ATTACHED` side, up when this yields its address: its own ``ray start
+    --block`` (token auth, no dashboard, its own temp dir and ports), stopped by SIGTERM at the end (never ``ray
+    stop``, which would stop every Ray instance on the machine)."""
+    import shutil
+    import signal
+    import socket
+
+    import ray
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    temp, port = tempfile.mkdtemp(prefix="rayb", dir="/tmp"), free_port()  # Ray's socket paths stay short
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_AUTH_MODE": "token"}
+    address = f"{ray.util.get_node_ip_address()}:{port}"  # the GCS listens on the node's IP
+    head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--block", "--head",
+                             f"--num-cpus={num_cpus}", f"--port={port}", "--include-dashboard=false",
+                             f"--temp-dir={temp}", "--disable-usage-stats",
+                             f"--dashboard-agent-listen-port={free_port()}"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:  # up once a driver can connect (this also warms the head, as a user's earlier runs have)
+        probe = [sys.executable, "-c", "import ray; ray.init(); ray.shutdown()"]
+        if subprocess.run(probe, env=env | {"RAY_ADDRESS": address}, capture_output=True, timeout=300).returncode:
+            raise RuntimeError(f"bench startup --attached: no Ray head came up at {address}")
+        yield address
+    finally:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def with_experiment(overrides: list[str]) -> list[str]:
@@ -137,13 +189,16 @@ def main(argv: list[str]) -> int:
     overrides = with_experiment(args.override)
     run_root = Path(args.run_root or tempfile.mkdtemp(prefix="toolbox-startup-"))
     trees = [*(args.tree or [""]), *([FLOOR] if args.floor else [])]
+    sides = [(tree, "") for tree in trees]
     load_before = os.getloadavg()
     runs = []
-    for r in range(args.rounds):
-        for i, tree in enumerate(trees):
-            run = one_run(tree, args.steps, overrides, run_root, f"startup-{r}-{i}-{time.time_ns()}")
-            runs.append(run)
-            print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in run.items()}), flush=True)
+    with ray_head() if args.attached else contextlib.nullcontext("") as address:
+        sides += [(trees[0], address)] if address else []
+        for r in range(args.rounds):
+            for i, (tree, attach) in enumerate(sides):
+                run = one_run(tree, args.steps, overrides, run_root, f"startup-{r}-{i}-{time.time_ns()}", attach)
+                runs.append(run)
+                print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in run.items()}), flush=True)
     print(*median_table(runs), *against_floor(runs), sep="\n")
     print(f"load average (1, 5, 15 min): before {load_before}, after {os.getloadavg()}")
     if args.out:

@@ -8,7 +8,7 @@ not drive (flash attention).
 
 from __future__ import annotations
 
-import logging
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -18,13 +18,11 @@ from toolbox.core.devices import resolve_device
 from toolbox.engines.base import ENGINES, SamplingConfig
 from toolbox.engines.decode import check_lean_attention, decode
 from toolbox.learner.lora import LoraConfig, adapter_update, load_adapter
-from toolbox.models.lean_llama import LeanLlama, lean_unsupported, load_lean_llama
+from toolbox.models.lean_llama import LeanLlama, lean_or
 from toolbox.models.loading import load_causal_lm, load_tokenizer
 from toolbox.models.logprobs import token_logprobs
 from toolbox.rl.batch import FINISH_LENGTH, FINISH_STOP, PromptRequest, RolloutBatch
 from toolbox.rl.weights import WeightBucket, load_into
-
-log = logging.getLogger("toolbox")
 
 
 class HFEngineConfig(BaseModel):
@@ -76,13 +74,9 @@ class HFEngine:
         """toolbox's own Llama-family model where the lean loop runs toolbox's own forward on it (no transformers
         modeling code in this process: `toolbox.models.lean_llama`), else the model's family's
         (`load_causal_lm`)."""
+        load = partial(load_causal_lm, trust_remote_code=self.trust_remote_code)
         lean = self.config.decode == "lean" and self.config.forward == "auto" and not self.adapters
-        if lean and lean_unsupported(self.model_path) is None:
-            try:
-                return load_lean_llama(self.model_path, self.dtype)
-            except ValueError as err:  # weights lean_unsupported could not see from the config: transformers loads it
-                log.warning("%s; loading the transformers model instead", err)
-        return load_causal_lm(self.model_path, self.dtype, self.trust_remote_code)
+        return (lean_or(load) if lean else load)(self.model_path, self.dtype)
 
     @torch.no_grad()
     def generate(self, requests: list[PromptRequest], sampling: SamplingConfig) -> RolloutBatch:

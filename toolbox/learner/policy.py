@@ -143,13 +143,13 @@ class PolicyRank:
 
 def trained_loader(model_path: str, cfg: LearnerConfig,
                    loader: Callable[[str, str], nn.Module]) -> Callable[[str, str], nn.Module]:
-    """What builds the trained modules: toolbox's own Llama-family module (`toolbox.models.lean_llama`) where
-    ``learner.forward`` is auto, the policy is a causal LM (``loader`` is `load_causal_lm`) without LoRA (peft wraps
-    transformers' modules) and `lean_unsupported` accepts the directory; ``loader`` otherwise. An export still
-    writes through ``loader`` (transformers' ``save_pretrained``): the names are the same."""
-    from toolbox.models.lean_llama import lean_unsupported, load_lean_llama
+    """What builds the trained modules: toolbox's own Llama-family module where ``learner.forward`` is auto, the
+    policy is a causal LM (``loader`` is `load_causal_lm`) without LoRA (peft wraps transformers' modules) and the
+    directory is one it covers (`toolbox.models.lean_llama.lean_or`, the engines' rule); ``loader`` otherwise. An
+    export still writes through ``loader`` (transformers' ``save_pretrained``): the names are the same."""
+    from toolbox.models.lean_llama import lean_or, lean_unsupported
 
     if cfg.forward == "auto" and loader is load_causal_lm and cfg.lora is None and lean_unsupported(model_path) is None:
-        return load_lean_llama
+        return lean_or(loader)
     return loader
 

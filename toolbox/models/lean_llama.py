@@ -21,6 +21,8 @@ then loads that, as it does for ``decode: generate``, ``forward: transformers`` 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -242,6 +244,25 @@ class LeanLlama(nn.Module):
 
     def set_output_embeddings(self, head: nn.Module) -> None:
         self.lm_head = head  # type: ignore[assignment]
+
+
+log = logging.getLogger(__name__)
+
+
+def lean_or(fallback: Callable[[str, str], nn.Module]) -> Callable[[str, str], nn.Module]:
+    """A loader that builds a `LeanLlama` from a directory `lean_unsupported` accepts, and ``fallback``'s model from
+    any other, or where the weights turn out not to fit the module the config describes (said in a warning): the one
+    rule the engines and the learners load by."""
+
+    def load(path: str, dtype: str = "float32") -> nn.Module:
+        if lean_unsupported(path) is None:
+            try:
+                return load_lean_llama(path, dtype)
+            except ValueError as err:
+                log.warning("%s; loading it with %s instead", err, getattr(fallback, "__name__", fallback))
+        return fallback(path, dtype)
+
+    return load
 
 
 def load_lean_llama(path: str | Path, dtype: str = "float32") -> LeanLlama:
