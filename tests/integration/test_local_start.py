@@ -94,3 +94,19 @@ def test_the_start_up_floor_is_measured_as_a_run_is(tmp_path: Path) -> None:
 
     floor = one_run(FLOOR, 1, [], tmp_path, "floor")
     assert 0 < floor["to_step_1_s"] < floor["to_exit_s"] and floor["tree_cpu_s"] > 1.0, floor
+
+
+def test_the_attached_side_runs_on_a_head_already_up_and_counts_its_workers(tmp_path: Path) -> None:
+    """`toolbox bench startup --attached`'s side: a run attached to the head the bench starts (``ray start``, token
+    auth) reaches step 1; its CPU seconds count the workers the head's raylet started for it (each imports torch),
+    besides the driver's own; the head is gone afterwards."""
+    import psutil
+
+    from toolbox.bench.startup import ATTACHED, one_run, ray_head
+
+    with ray_head() as head:
+        run = one_run("", 1, ["experiment=grpo_tiny"], tmp_path, "attached", head)
+        assert psutil.pid_exists(head[1])
+    assert run["tree"] == ATTACHED and 0 < run["to_step_1_s"] < run["to_exit_s"], run
+    assert run["head_cpu_s"] > 2.0 and run["tree_cpu_s"] > run["head_cpu_s"] + run["startup/cpu_s"] - 0.5, run
+    assert not psutil.pid_exists(head[1]) or psutil.Process(head[1]).status() == psutil.STATUS_ZOMBIE

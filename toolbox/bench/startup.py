@@ -63,9 +63,11 @@ ATTACHED = "attached"  # the side `--attached` adds
 
 
 def one_run(tree: str, steps: int, overrides: list[str], run_root: Path, name: str,
-            address: str = "") -> dict[str, Any]:
+            head: tuple[str, int] = ("", 0)) -> dict[str, Any]:
     """One launch of the default run (or with ``tree`` `FLOOR`, of the floor); its wall times and start-up phases.
-    With ``address`` the run attaches to the Ray instance there (reported as the `ATTACHED` side)."""
+    With ``head`` (the address and the ``ray start`` PID of `ray_head`) the run attaches to that Ray instance
+    (reported as the `ATTACHED` side; its CPU seconds count what the head's processes spent meanwhile)."""
+    address, head_pid = head
     env, source = dict(os.environ), "" if tree == FLOOR else tree  # the floor runs the installed toolbox
     if address:
         env.update(RAY_ADDRESS=address, RAY_AUTH_MODE="token")
@@ -79,7 +81,7 @@ def one_run(tree: str, steps: int, overrides: list[str], run_root: Path, name: s
     run_dir, launched = run_root / name, time.time()
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, env=env, cwd=source or None, stdout=subprocess.DEVNULL, stderr=err, text=True)
-        cpu_s = tree_cpu_until(proc, run_dir / "metrics.jsonl")
+        cpu_s, head_cpu_s = tree_cpu_until(proc, run_dir / "metrics.jsonl", head_pid)
         code = proc.wait()
         exited = time.time() - launched
         if code != 0:
@@ -88,12 +90,13 @@ def one_run(tree: str, steps: int, overrides: list[str], run_root: Path, name: s
     phases_file = run_dir / "startup.json"
     phases = json.loads(phases_file.read_text()) if phases_file.exists() else {}
     return {"tree": ATTACHED if address else tree or "installed", "to_step_1_s": first_step(run_dir / "metrics.jsonl")["time"] - launched,
-            "to_exit_s": exited, "tree_cpu_s": cpu_s, **phases}
+            "to_exit_s": exited, "tree_cpu_s": cpu_s, **({"head_cpu_s": head_cpu_s} if head_pid else {}), **phases}
 
 
 @contextlib.contextmanager
-def ray_head(num_cpus: int = 2) -> Iterator[str]:
-    """A Ray head on this machine for the `ATTACHED` side, up when this yields its address: its own ``ray start
+def ray_head(num_cpus: int = 2) -> Iterator[tuple[str, int]]:
+    """A Ray head on this machine for the `ATTACHED` side, up when this yields its address and the PID of its ``ray
+    start`` process (the parent of its daemons, and through the raylet of its workers): its own ``ray start
     --block`` (token auth, no dashboard, its own temp dir and ports), stopped by SIGTERM at the end (never ``ray
     stop``, which would stop every Ray instance on the machine)."""
     import shutil
@@ -115,11 +118,12 @@ def ray_head(num_cpus: int = 2) -> Iterator[str]:
                              f"--temp-dir={temp}", "--disable-usage-stats",
                              f"--dashboard-agent-listen-port={free_port()}"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:  # up once a driver can connect (this also warms the head, as a user's earlier runs have)
+    try:  # up once a driver can connect (a job, as a user's earlier runs were) and its daemons have settled
         probe = [sys.executable, "-c", "import ray; ray.init(); ray.shutdown()"]
         if subprocess.run(probe, env=env | {"RAY_ADDRESS": address}, capture_output=True, timeout=300).returncode:
             raise RuntimeError(f"bench startup --attached: no Ray head came up at {address}")
-        yield address
+        settle(head.pid)
+        yield address, head.pid
     finally:
         head.send_signal(signal.SIGTERM)
         try:
@@ -127,6 +131,21 @@ def ray_head(num_cpus: int = 2) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             head.kill()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def settle(pid: int, idle_cpu_s: float = 0.05, within_s: float = 60.0) -> None:
+    """Until the process tree of ``pid`` spends under ``idle_cpu_s`` CPU seconds in a second (a head whose agents
+    are still starting would slow the first run down by seconds), at most ``within_s``."""
+    import psutil
+
+    root, deadline = psutil.Process(pid), time.monotonic() + within_s
+    last = cpu_readings(root)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = cpu_readings(root)
+        if sum(cpu - last.get(key, 0.0) for key, cpu in now.items()) < idle_cpu_s:
+            return
+        last = now
 
 
 def with_experiment(overrides: list[str]) -> list[str]:
@@ -140,25 +159,41 @@ def first_step(metrics: Path) -> dict[str, Any]:
     return next((r for r in map(json.loads, lines) if r.get("event") == "step_end"), {})
 
 
-def tree_cpu_until(proc: subprocess.Popen[str], metrics: Path) -> float:
-    """CPU seconds of ``proc`` and its descendants (each process's latest reading, summed) sampled every 0.2 s
-    until ``metrics`` records a step or ``proc`` exits."""
+def cpu_readings(root: Any) -> dict[tuple[int, float], float]:
+    """CPU seconds of a ``psutil.Process`` and its descendants, by (pid, creation time); ``{}`` once it is gone."""
     import psutil
 
-    root, seen = psutil.Process(proc.pid), {}
-    while proc.poll() is None and not first_step(metrics):
+    try:
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return {}
+    out = {}
+    for p in tree:
         try:
-            tree = [root, *root.children(recursive=True)]
+            times = p.cpu_times()
+            out[(p.pid, p.create_time())] = times.user + times.system
         except psutil.Error:
-            break
-        for p in tree:
-            try:
-                times = p.cpu_times()
-                seen[(p.pid, p.create_time())] = times.user + times.system
-            except psutil.Error:
-                continue
+            continue
+    return out
+
+
+def tree_cpu_until(proc: subprocess.Popen[str], metrics: Path, head: int = 0) -> tuple[float, float]:
+    """CPU seconds of ``proc`` and its descendants (each process's latest reading, summed) sampled every 0.2 s
+    until ``metrics`` records a step or ``proc`` exits. With ``head`` (the PID of a running Ray head's ``ray
+    start``), what that head's process tree (its daemons, the run's workers) spent meanwhile counts too, and is
+    the second figure returned (0 without a head)."""
+    import psutil
+
+    run, mine = psutil.Process(proc.pid), {}
+    cluster = psutil.Process(head) if head else None
+    before = cpu_readings(cluster) if cluster else {}  # the head's processes up before the launch count from here
+    theirs: dict[tuple[int, float], float] = {}
+    while proc.poll() is None and not first_step(metrics):
+        mine.update(cpu_readings(run))
+        theirs.update(cpu_readings(cluster) if cluster else {})
         time.sleep(0.2)
-    return sum(seen.values())
+    head_s = sum(cpu - before.get(key, 0.0) for key, cpu in theirs.items())
+    return sum(mine.values()) + head_s, head_s
 
 
 def median_table(runs: list[dict[str, Any]]) -> list[str]:
@@ -189,11 +224,11 @@ def main(argv: list[str]) -> int:
     overrides = with_experiment(args.override)
     run_root = Path(args.run_root or tempfile.mkdtemp(prefix="toolbox-startup-"))
     trees = [*(args.tree or [""]), *([FLOOR] if args.floor else [])]
-    sides = [(tree, "") for tree in trees]
     load_before = os.getloadavg()
     runs = []
-    with ray_head() if args.attached else contextlib.nullcontext("") as address:
-        sides += [(trees[0], address)] if address else []
+    with ray_head() if args.attached else contextlib.nullcontext(("", 0)) as head:
+        sides: list[tuple[str, tuple[str, int]]] = [(tree, ("", 0)) for tree in trees]
+        sides += [(trees[0], head)] if head[0] else []
         for r in range(args.rounds):
             for i, (tree, attach) in enumerate(sides):
                 run = one_run(tree, args.steps, overrides, run_root, f"startup-{r}-{i}-{time.time_ns()}", attach)
