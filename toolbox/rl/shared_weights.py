@@ -41,7 +41,8 @@ ALIGN = 64  # byte alignment of each tensor in a slot (any dtype's view is align
 NONCE = 16
 # At most this many threads write a slot, each its own run of about equal bytes: one core's non-temporal stores
 # reach 11-12 GB/s on the project's 2-core VM, two cores 20-22 GB/s (`toolbox bench weight_sync`, its "memcpy, N
-# threads" column). The engines wait for the sync meanwhile, so their cores are free to lend.
+# threads" column). In a synchronous run the engines wait for the sync, so the cores it borrows are idle; in a run
+# sampling ahead (rollout.max_staleness) the copy's threads share the cores with generation for its few ms.
 COPY_THREADS = 4
 PIECE_BYTES = 1 << 20  # runs are cut at element boundaries no finer than this; a smaller slot is one thread's
 # Control block, int64 words after the nonce: slot count, then per slot its memfd number, generation and the
