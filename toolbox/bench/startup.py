@@ -89,8 +89,9 @@ def one_run(tree: str, steps: int, overrides: list[str], run_root: Path, name: s
             raise RuntimeError(f"{' '.join(cmd)} exited with {code}:\n{err.read()[-3000:]}")
     phases_file = run_dir / "startup.json"
     phases = json.loads(phases_file.read_text()) if phases_file.exists() else {}
-    return {"tree": ATTACHED if address else tree or "installed", "to_step_1_s": first_step(run_dir / "metrics.jsonl")["time"] - launched,
-            "to_exit_s": exited, "tree_cpu_s": cpu_s, **({"head_cpu_s": head_cpu_s} if head_pid else {}), **phases}
+    side = ATTACHED if address else tree or "installed"
+    return {"tree": side, "to_step_1_s": first_step(run_dir / "metrics.jsonl")["time"] - launched, "to_exit_s": exited,
+            "tree_cpu_s": cpu_s, **({"head_cpu_s": head_cpu_s} if head_pid else {}), **phases}
 
 
 @contextlib.contextmanager

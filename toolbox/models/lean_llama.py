@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 SINGLE_FILE, INDEX = "model.safetensors", "model.safetensors.index.json"
 
+log = logging.getLogger(__name__)
+
 
 def lean_unsupported(path: str | Path) -> str | None:
     """Why the model saved at ``path`` cannot load as a `LeanLlama` (``None``: it can)."""
@@ -244,9 +246,6 @@ class LeanLlama(nn.Module):
 
     def set_output_embeddings(self, head: nn.Module) -> None:
         self.lm_head = head  # type: ignore[assignment]
-
-
-log = logging.getLogger(__name__)
 
 
 def lean_or(fallback: Callable[[str, str], nn.Module]) -> Callable[[str, str], nn.Module]:
