@@ -258,7 +258,7 @@ def lean_or(fallback: Callable[[str, str], nn.Module]) -> Callable[[str, str], n
             try:
                 return load_lean_llama(path, dtype)
             except ValueError as err:
-                log.warning("%s; loading it with %s instead", err, getattr(fallback, "__name__", fallback))
+                log.warning("%s; loading it with the fallback loader (transformers' model) instead", err)
         return fallback(path, dtype)
 
     return load
