@@ -125,3 +125,19 @@ def test_learner_worker_hands_a_rank_only_the_shards_its_rows_are_in() -> None:
     metrics = worker.update_planned(plan, shards)
     assert metrics["reward"] == 1.0 and metrics["train_s"] >= 0.0  # the learner's metrics, plus its own timing
     assert sorted(learner.got) == [1, 2] and learner.got[2] is shards[2]
+
+
+@pytest.mark.parametrize("traces", [True, False])
+def test_rank_0_of_a_run_that_records_samples_loads_its_tokenizer_from_setup_on(tiny_model_dir: Path,
+                                                                                  traces: bool) -> None:
+    """With ``traces`` the tokenizer is loading once `setup` returns (a thread: the first step's `plan` finds it
+    loaded); without, it loads when a step first asks for samples. Either way `plan` decodes with the same one."""
+    from toolbox.actors.learner import LearnerWorker
+
+    learner = RecordingLearner()
+    learner.policy.source = str(tiny_model_dir)
+    worker = LearnerWorker(rank=0, world_size=1, build=lambda: learner, distributed=False, traces=traces)
+    worker.setup("127.0.0.1", 0, 10.0)
+    assert (worker.tokenizer is not None) == traces
+    tokenizer = worker._tokenizer()
+    assert worker._tokenizer() is tokenizer and tokenizer.decode(tokenizer.encode("12+34=")) == "12+34="

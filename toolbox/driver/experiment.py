@@ -192,7 +192,7 @@ class ExperimentBuilder:
         lc = self.cfg.learner
         kwargs = lambda r: dict(rank=r, world_size=lc.num_workers, build=build, distributed=lc.strategy != "single",  # noqa: E731
                                 backend=lc.backend, torch_threads=lc.torch_threads, seed=self.cfg.trainer.seed,
-                                device=lc.device)
+                                device=lc.device, traces=self.cfg.trainer.log_samples_every > 0)
         group = self.group("learner", LearnerWorker, lc.num_workers, kwargs, lc.timeout_s, lc.cpus_per_worker,
                            lc.gpus_per_worker, wait=wait or self.cfg.ray.local_mode)
         if wait or self.cfg.ray.local_mode:
