@@ -51,6 +51,7 @@ from .calls import (
     method_name,
     plan_calls,
 )
+from .supervisor import Supervisor, forget, restart_records
 
 
 def reserve(bundle: dict[str, float], n: int, strategy: str, timeout_s: float,
@@ -80,8 +81,8 @@ class WorkerGroup(Generic[W]):
 
         ``max_restarts > 0`` makes the workers self-healing: Ray restarts a dead one (up to that many times in
         all, per worker) and runs its unfinished calls again on the new process, which gets a ``supervisor``
-        keyword (`toolbox.actors.supervisor`) to recover what its predecessor had loaded. Past the bound, a
-        call on the dead worker fails as without restarts.
+        keyword (the name the group's records go under, `toolbox.actors.supervisor`) to recover what its
+        predecessor had loaded. Past the bound, a call on the dead worker fails as without restarts.
 
         ``wait=False`` returns as soon as the actors are created, their constructors (model loading) still
         running, so several groups start at once; `started` waits for them (calls may be submitted before)."""
@@ -105,8 +106,7 @@ class WorkerGroup(Generic[W]):
             **({"runtime_env": {"env_vars": env}} if env else {}),
         ).remote(**make_kwargs(i), **healing)
         self.actors = [self.spawn(i) for i in range(num_workers)]
-        # After the workers, so they take the worker processes Ray started ahead; they ask it only after a restart
-        self.supervisor = _start_supervisor(name) if name else None
+        self.supervisor_name, self.supervisor = name, None  # the actor: `keep_refs`
         self.replacements, self.max_replacements = 0, 0  # `replace_all`: times done, times allowed
         self.on_replace: Callable[[WorkerGroup[W]], None] | None = None  # sets new workers up as at start
         self._ready: Pending[Any] | None = None
@@ -201,11 +201,17 @@ class WorkerGroup(Generic[W]):
         refs = [ray.put(v) for v in kept.values]
         return Pending(refs, kept.ranks, kept.method, self.role, self.nodes, self.timeout_s, RAY_WAITER, kept.bulk)
 
+    def keep_refs(self) -> None:
+        """Before the workers first load object-store buckets: a self-healing group's `Supervisor` actor, which
+        keeps the refs each rank loaded for its restart (started once; a group without restarts needs none)."""
+        if self.supervisor_name and self.supervisor is None:
+            self.supervisor = _start_supervisor(self.supervisor_name)
+
     def restarts(self) -> int:
         """Restarts so far: of one worker by Ray (restarted ranks' nodes are refreshed), of all by `replace_all`."""
-        if self.supervisor is None:
+        if not self.supervisor_name:
             return self.replacements
-        count, nodes = ray.get(self.supervisor.report.remote(), timeout=self.timeout_s)
+        count, nodes = restart_records(self.supervisor_name)
         for rank, node in nodes.items():
             self.nodes[rank] = node  # the list every Pending of this group names nodes from
         return int(count) + self.replacements
@@ -213,6 +219,8 @@ class WorkerGroup(Generic[W]):
     def shutdown(self) -> None:
         for actor in self.actors + ([self.supervisor] if self.supervisor is not None else []):
             ray.kill(actor, no_restart=True)
+        if self.supervisor_name:
+            forget(self.supervisor_name)
         if self.owns_pg:
             remove_placement_group(self.pg)
 
@@ -220,8 +228,6 @@ class WorkerGroup(Generic[W]):
 def _start_supervisor(name: str) -> Any:
     """A group's `Supervisor` named ``name`` on the driver's node (it must outlive the workers it helps), outside
     any placement group (it reserves no CPU)."""
-    from .supervisor import Supervisor
-
     # Hard affinity: a soft one with no resources asked lets Ray pick any node (ray-project/ray#25360 fixed only the
     # hard case), and a supervisor on a worker's node dies with it, failing the very restart it is there for.
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -281,6 +287,9 @@ class LocalGroup(Generic[W]):
         """Results kept by value (`Pending.keep`): in-process handles are the values themselves."""
         return Pending(list(kept.values), kept.ranks, kept.method, self.role, ["local"] * len(self.workers), 0.0,
                        LOCAL_WAITER, kept.bulk)
+
+    def keep_refs(self) -> None:
+        return None  # in-process workers are never restarted
 
     def restarts(self) -> int:
         return 0  # in-process workers are never restarted

@@ -104,6 +104,7 @@ class EngineGroup(RoleGroup[W]):
 
     def update_weights(self: EngineGroup[WeightLoadingWorker], weights: Pending[WeightRefs]) -> Pending[float]:
         """Every worker loads rank 0's buckets once the export finished (its next call waits for this one)."""
+        self.group.keep_refs()  # a self-healing worker's restart reloads these refs (`toolbox.actors.supervisor`)
         # The ref itself, not its value: Ray resolves only top-level refs, and the worker fetches the buckets
         return self.group.each(WeightLoadingWorker.update_weights, weights.handles[0])
 

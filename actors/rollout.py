@@ -18,7 +18,7 @@ from toolbox.rl.batch import PromptRequest, RolloutBatch
 from toolbox.rl.shared_weights import SharedPool, SharedWeightsReader, SharedWeightsUnavailable
 
 from .resolve import node_info, resolve
-from .supervisor import recover, remember
+from .supervisor import recover, remember, remember_pool
 
 if TYPE_CHECKING:
     from .reward import RewardWorker
@@ -116,8 +116,8 @@ class RolloutWorker:
     # ---- same-node shared-memory weight sync (toolbox.rl.shared_weights; the driver side is toolbox.actors.shared_sync)
     def open_shared_sync(self, pool: SharedPool, timeout_s: float = 600.0, recovering: bool = False) -> str:
         """Attach to learner rank 0's pool; returns why it cannot be opened from here ("" when attached). The
-        supervisor keeps the pool: a restarted process attaches again and loads the generation its predecessor held
-        (`recovering`), whose slot stays pinned until this rank moves on."""
+        group's records keep the pool (`toolbox.actors.supervisor`): a restarted process attaches again and loads
+        the generation its predecessor held (`recovering`), whose slot stays pinned until this rank moves on."""
         try:
             self.reader = SharedWeightsReader(pool, self.rank)
         except SharedWeightsUnavailable as err:
@@ -142,8 +142,7 @@ class RolloutWorker:
         seconds = self._load(lambda: self.engine.update_weights(buckets)) + reader.copy_s
         reader.hold(generation)
         if not self.pool_remembered:  # once per pool: the generation a restart reloads is in the pool itself
-            # Pickled here: the supervisor keeps bytes and never imports the pool's module (torch) to hold it
-            remember(self.supervisor, self.rank, [pickle.dumps(reader.pool)])
+            remember_pool(self.supervisor, self.rank, pickle.dumps(reader.pool))
             self.pool_remembered = True
         return seconds
 

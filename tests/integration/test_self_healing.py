@@ -151,3 +151,34 @@ def test_killed_learner_rank_restarts_the_group_from_the_last_checkpoint(ray_ses
               f"(step 2 took {trainer.history[1]['step_time_s']:.1f}s)")
     finally:
         builder.shutdown()
+
+
+class Probe:
+    def __init__(self, supervisor: str | None = None) -> None:  # a self-healing group's workers get its name
+        self.supervisor = supervisor
+
+    def ready(self) -> dict[str, str]:
+        return {}
+
+
+def test_a_group_records_in_the_gcs_and_starts_a_supervisor_only_for_object_store_weights(ray_session: None) -> None:
+    """A self-healing group runs no extra process until its weights go through the object store (`keep_refs`,
+    once); its records (here a pool, as a rank's `remember_pool` writes it) are dropped when it shuts down."""
+    from ray.experimental import internal_kv
+    from toolbox.actors.group import WorkerGroup
+    from toolbox.actors.supervisor import NAMESPACE, remember_pool
+
+    group = WorkerGroup("reward", Probe, 1, lambda r: {}, timeout_s=60, cpus=0.01, max_restarts=1)
+    name = group.supervisor_name
+    assert name and group.supervisor is None and group.restarts() == 0
+    remember_pool(name, 0, b"pool")
+    group.keep_refs()
+    keeper = group.supervisor
+    group.keep_refs()
+    assert keeper is not None and group.supervisor is keeper and ray.get(keeper.weights_of.remote(0)) is None
+    group.shutdown()
+    assert internal_kv._internal_kv_list(f"{name}/", namespace=NAMESPACE) == []
+    without = WorkerGroup("reward", Probe, 1, lambda r: {}, timeout_s=60, cpus=0.01)
+    without.keep_refs()
+    assert without.supervisor_name == "" and without.supervisor is None and without.restarts() == 0
+    without.shutdown()
