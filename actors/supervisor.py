@@ -13,8 +13,8 @@ its weights from (`remember_pool`; bytes). Refs of object-store buckets cannot b
 Ray's calls stays pinned for the cluster's life), so a group whose weights travel through the object store also has
 a `Supervisor`, a small actor holding the refs each rank last loaded (`remember`), which the driver starts before
 that path's first sync (`WorkerGroup.keep_refs`). A single-node run (shared memory) and reward workers (no weights)
-thus run no process for their healing: the GCS's store costs none (one process fewer on every run: 0.6-0.9 CPU s
-and ~70 MiB at start-up on 2 cores).
+thus run no process for their healing (the default run: 0.6-0.9 CPU s fewer at start-up on 2 cores and a peak of
+1237 MiB against 1296, `toolbox bench default_run --steps 400 --rounds 2 --sides toolbox`).
 
 A worker whose node is lost comes back the same way once Ray has moved its placement-group bundle to a node with
 room (``tests/e2e/test_multinode.py``); the supervisor actor is pinned to the driver's node, which the run
