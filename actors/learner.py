@@ -15,7 +15,6 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -50,15 +49,17 @@ class LearnerWorker:
                  backend: str = "auto", torch_threads: int = 1, seed: int = 0, device: str = "auto",
                  traces: bool = False) -> None:
         """``traces``: the run records samples (``trainer.log_samples_every``), which rank 0 decodes: its tokenizer
-        loads in a thread from `setup` on (transformers imported while the rank waits for the first step's rollouts,
-        instead of inside that step: 0.1-0.2 s of the default run's first step on 2 cores)."""
+        loads in `setup` (transformers imported while the rollout workers still load, instead of inside the first
+        step: 0.2 s of the default run's first step on 2 cores). Not in a thread: transformers' lazy imports are not
+        safe against a second thread's, and where the workers run in the driver's process (``ray.local_mode``)
+        the driver imports it at the same time."""
         torch.set_num_threads(torch_threads)
         self.rank, self.world_size = rank, world_size
         self.build, self.distributed, self.backend, self.seed, self.traces = build, distributed, backend, seed, traces
         # The GPU Ray assigned this actor (CUDA_VISIBLE_DEVICES) is cuda:0 here; no GPU reserved: cpu.
         self.device = resolve_device(device)
         self.learner: RankLearner | None = None
-        self.tokenizer: Future[Any] | None = None  # rank 0 decodes recorded samples with the policy's tokenizer
+        self.tokenizer: Any = None  # rank 0 decodes recorded samples with the policy's tokenizer
         self.profiler: RankProfiler | None = None  # trainer.profile_steps
         self.dims: tuple[float, int, int] | None = None  # the policy's (parameters, layers, width), for the mfu metric
 
@@ -83,7 +84,7 @@ class LearnerWorker:
         self.learner = self.build()
         self.host = host_offload(self.learner)
         if self.traces and self.rank == 0 and isinstance(self.learner, PolicyLearner):
-            self._tokenizer_loading()
+            self._tokenizer()
 
     def plan(self, shard_refs: list[ray.ObjectRef], reward_refs: list[ray.ObjectRef],
              keep_groups: list[int] | None, trace: TraceRequest | None = None) -> StepPlan:
@@ -114,14 +115,8 @@ class LearnerWorker:
         return self.update_planned(self.last_plan, shard_refs)
 
     def _tokenizer(self) -> Any:
-        return self._tokenizer_loading().result()
-
-    def _tokenizer_loading(self) -> Future[Any]:
-        """The policy's tokenizer, loading in a thread of its own from the first call on."""
         if self.tokenizer is None:
-            loader = ThreadPoolExecutor(1, thread_name_prefix="toolbox-tokenizer")
-            self.tokenizer = loader.submit(load_tokenizer, self._policy_learner().policy.source)
-            loader.shutdown(wait=False)  # the thread ends once the tokenizer is loaded
+            self.tokenizer = load_tokenizer(self._policy_learner().policy.source)
         return self.tokenizer
 
     def update_planned(self, plan: StepPlan, shard_refs: list[ray.ObjectRef]) -> dict[str, float]:

@@ -130,8 +130,8 @@ def test_learner_worker_hands_a_rank_only_the_shards_its_rows_are_in() -> None:
 @pytest.mark.parametrize("traces", [True, False])
 def test_rank_0_of_a_run_that_records_samples_loads_its_tokenizer_from_setup_on(tiny_model_dir: Path,
                                                                                   traces: bool) -> None:
-    """With ``traces`` the tokenizer is loading once `setup` returns (a thread: the first step's `plan` finds it
-    loaded); without, it loads when a step first asks for samples. Either way `plan` decodes with the same one."""
+    """With ``traces`` the tokenizer is loaded by `setup` (the first step's `plan` finds it loaded); without, it
+    loads when a step first asks for samples. Either way `plan` decodes with the same one."""
     from toolbox.actors.learner import LearnerWorker
 
     learner = RecordingLearner()
