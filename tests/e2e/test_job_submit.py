@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import ray
 
-from tests.e2e.ray_nodes import BIN, free_port, start_node, stop_nodes
+from tests.e2e.ray_nodes import BIN, start_node, stop_nodes
+from toolbox.core.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

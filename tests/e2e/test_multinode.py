@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 import ray
 
-from tests.e2e.ray_nodes import free_port, start_node, stop_nodes
+from tests.e2e.ray_nodes import start_node, stop_nodes
 from tests.run_files import steps, wait_for
+from toolbox.core.ports import free_port
 from toolbox.driver.local_ray import RAY_ENV
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

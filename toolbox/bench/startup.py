@@ -102,14 +102,10 @@ def ray_head(num_cpus: int = 2) -> Iterator[tuple[str, int]]:
     stop``, which would stop every Ray instance on the machine)."""
     import shutil
     import signal
-    import socket
 
     import ray
 
-    def free_port() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
+    from toolbox.core.ports import free_port
 
     temp, port = tempfile.mkdtemp(prefix="rayb", dir="/tmp"), free_port()  # Ray's socket paths stay short
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_AUTH_MODE": "token"}

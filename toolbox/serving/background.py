@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -10,12 +9,9 @@ from contextlib import contextmanager
 
 from fastapi import FastAPI
 
+from toolbox.core.ports import free_port
 
-def free_port() -> int:
-    """A TCP port nothing listens on right now, on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["free_port", "serve_in_thread"]
 
 
 @contextmanager
