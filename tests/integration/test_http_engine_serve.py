@@ -63,8 +63,10 @@ def served(model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> I
 
 @pytest.fixture
 def busy(model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The same with room for 32 waiting choices (a block of the default run sends 256) and its access log on."""
-    yield from serve(model_dir, tmp_path, monkeypatch, "max_batch_size=32", "max_queue=32", "log_level=info")
+    """The same running 8 choices and holding 8 more (a block of the default run sends 256 at once, 4 a request),
+    its access log on. This small, so that the queue fills on a loaded machine too, where requests reach the server
+    more slowly (room for 32 and 32 fills on an idle host, not always under the suite's load)."""
+    yield from serve(model_dir, tmp_path, monkeypatch, "max_batch_size=8", "max_queue=8", "log_level=info")
 
 
 def serve(model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *options: str) -> Iterator[str]:
@@ -163,10 +165,11 @@ def test_grpo_through_our_server_syncs_every_step_and_learns(
 
 def test_the_default_run_waits_out_a_full_server_queue(ray_session: None, busy: str, model_dir: str, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default layout (blocks of 2 steps, 128 requests in flight) against a server with room for 32 choices:
-    the server answers 429, the engine sends those requests again, and the run completes."""
+    """The default layout (blocks of 2 steps, 128 requests in flight) against a server with room for 16 choices:
+    the server answers 429, the engine sends those requests again, and the run completes (one block: its first
+    burst is what fills the queue)."""
     monkeypatch.setitem(WORKER_ENV, TOKEN_ENV, TOKEN)
-    cfg = load_config([f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0", "trainer.total_steps=4",
+    cfg = load_config([f"trainer.run_root={tmp_path}", "callbacks=[]", "trainer.eval_every=0", "trainer.total_steps=2",
                        f"model.path={model_dir}", "model.tiny=null",
                        f"rollout.engine={{name: http, base_url: '{busy}', max_retries: 0, max_concurrency: 128}}"])
     builder = ExperimentBuilder(cfg)
@@ -174,6 +177,6 @@ def test_the_default_run_waits_out_a_full_server_queue(ray_session: None, busy: 
         summary = builder.build_trainer().fit()
     finally:
         builder.shutdown()
-    assert summary["steps"] == 4
+    assert summary["steps"] == 2
     refused = (tmp_path / "serve.log").read_text().count(" 429 ")
     assert refused > 0, "the server never refused: the test did not exercise a full queue"
