@@ -32,6 +32,7 @@ import warnings
 from typing import Any
 
 import ray
+from ray.experimental import internal_kv as kv  # imported by ray itself: nothing to load
 
 # The records' namespace in the GCS's key-value store; a group's keys start with its name. Ray's own libraries keep
 # their cluster-wide records through the same store (`ray.experimental.internal_kv`); it has no public wrapper.
@@ -51,12 +52,6 @@ class Supervisor:
     def weights_of(self, rank: int) -> list[Any] | None:
         """The bucket refs rank ``rank`` last loaded (``None``: none yet)."""
         return self.weights.get(rank)
-
-
-def _kv() -> Any:
-    from ray.experimental import internal_kv
-
-    return internal_kv
 
 
 @functools.cache
@@ -86,7 +81,7 @@ def recover(supervisor: str | None, rank: int) -> list[Any] | None:
             return None
     from .resolve import node_info
 
-    kv, key = _kv(), f"{supervisor}/rank/{rank}"
+    key = f"{supervisor}/rank/{rank}"
     record = kv._internal_kv_get(key, namespace=NAMESPACE)  # "count node"; only this rank's process writes it
     count = int(record.split()[0]) if record else 0
     kv._internal_kv_put(key, f"{count + 1} {node_info()['node_ip']}".encode(), namespace=NAMESPACE)
@@ -108,12 +103,12 @@ def remember_pool(supervisor: str | None, rank: int, pool: bytes) -> None:
     """Once a rank loads from a shared-memory pool: its pickled description, kept in the GCS's store (a restarted
     process attaches to the pool again and loads the generation its predecessor held)."""
     if supervisor is not None:
-        _kv()._internal_kv_put(f"{supervisor}/pool/{rank}", pool, namespace=NAMESPACE)
+        kv._internal_kv_put(f"{supervisor}/pool/{rank}", pool, namespace=NAMESPACE)
 
 
 def restart_records(supervisor: str) -> tuple[int, dict[int, str]]:
     """(restarts so far, node of each restarted rank) of the group named ``supervisor``."""
-    kv, prefix = _kv(), f"{supervisor}/rank/"
+    prefix = f"{supervisor}/rank/"
     count, nodes = 0, {}
     for key in kv._internal_kv_list(prefix, namespace=NAMESPACE):
         record = kv._internal_kv_get(key, namespace=NAMESPACE)
@@ -126,4 +121,4 @@ def restart_records(supervisor: str) -> tuple[int, dict[int, str]]:
 
 def forget(supervisor: str) -> None:
     """The group's records dropped from the GCS's store (the group is shut down)."""
-    _kv()._internal_kv_del(f"{supervisor}/", del_by_prefix=True, namespace=NAMESPACE)
+    kv._internal_kv_del(f"{supervisor}/", del_by_prefix=True, namespace=NAMESPACE)
