@@ -4,7 +4,7 @@ Under pytest-xdist (``make test`` runs ``-n 2``) the tests of every module that 
 (`ray_session`) are one unit of work (`pytest_xdist_make_scheduler`): one worker runs them one after another with
 one instance, as without xdist. tests/realmodel is another unit (its modules share one loaded copy of a real model).
 The other worker takes those and the modules that start Ray instances of their own (the CLI, ``ray start``) first,
-then the unit tests; whichever worker is free takes the next module.
+then the unit tests (those marked slow first); whichever worker is free takes the next module.
 """
 
 from __future__ import annotations
@@ -46,19 +46,25 @@ REALMODEL = "realmodel"
 
 
 @functools.cache
+def source(module: Path) -> str:
+    """The text of the test module at ``module`` ("" where it cannot be read)."""
+    try:
+        return module.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+
+
 def uses_session_ray(module: Path) -> bool:
     """Whether the test module at ``module`` asks for the `ray_session` fixture (read from its source)."""
-    try:
-        return "ray_session" in module.read_text(encoding="utf-8")
-    except OSError:
-        return False
+    return "ray_session" in source(module)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under ``-n N``: the tests of the modules that use `ray_session` are one unit of work, run by one worker one
     after another (one session instance, in collection order), and so are tests/realmodel's; every other module is
     a unit of its own. The session instance's unit goes out first, then the rest of tests/integration, tests/e2e and
-    tests/realmodel (each starts processes of its own: the longest units), then the unit tests.
+    tests/realmodel (each starts processes of its own: the longest units), then the unit tests marked slow (a
+    learning test of tens of seconds handed out last would leave the other worker idle that long), then the rest.
     (xdist's own ``--dist loadgroup`` marks do not group under pytest 9.2, whose node ids xdist can no longer
     rename.)"""
     from xdist.scheduler import LoadScopeScheduling
@@ -78,7 +84,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
                 if scope == SESSION_RAY:
                     return 0
                 parts = scope.split("/")
-                return 1 if scope == REALMODEL or (len(parts) > 2 and parts[1] in RAY_DIRS) else 2
+                if scope == REALMODEL or (len(parts) > 2 and parts[1] in RAY_DIRS):
+                    return 1
+                return 2 if "pytest.mark.slow" in source(root / scope) else 3
 
             if self.workqueue and not getattr(self, "_ordered", False):  # once, before the first unit goes out
                 self._ordered = True

@@ -106,11 +106,14 @@ def test_a_local_run_root_on_two_nodes_fails_at_start_naming_the_flag(two_nodes:
 
 
 def test_a_sweep_trial_places_actors_on_both_nodes(two_nodes: dict[str, str], tmp_path: Path) -> None:
-    """Rollout workers on the node_b node, learner ranks on the node_a node: both nodes do work in a sweep's
+    """The rollout worker on the node_b node, the learner on the node_a node: both nodes do work in a sweep's
     trial, whose one placement group then spans the two nodes (a plain run across both nodes is the node-removal
-    test's). This machine's disk is the shared filesystem of both nodes, hence trainer.shared_fs=true."""
+    test's). One actor per side (the rollout worker scoring its own samples): the placement is what is tested, and
+    each actor more is a process importing torch on this machine's 2 cores. This machine's disk is the shared
+    filesystem of both nodes, hence trainer.shared_fs=true."""
+    one_each = ["rollout.num_workers=1", "reward.num_workers=0", "learner.num_workers=1", "learner.strategy=single"]
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(f"experiment: grpo_tiny_fsdp2\noverrides: {json.dumps(SPLIT[1:])}\n"
+    sweep.write_text(f"experiment: grpo_tiny_fsdp2\noverrides: {json.dumps([*SPLIT[1:], *one_each])}\n"
                      "param_space:\n  algorithm.kl_coef: {grid: [0.0]}\n")
     out = run([f"sweep={sweep}", f"trainer.run_root={tmp_path / 'sweep'}", "trainer.shared_fs=true"], two_nodes,
               module="toolbox.commands.tune")
@@ -118,7 +121,7 @@ def test_a_sweep_trial_places_actors_on_both_nodes(two_nodes: dict[str, str], tm
     (trial_dir,) = (tmp_path / "sweep").glob("sweeps/*/runs/run_trial_*")
     nodes = json.loads((trial_dir / "nodes.json").read_text())
     assert sorted(steps(trial_dir)) == [1, 2]
-    assert len(set(nodes["rollout"])) == len(set(nodes["learner"])) == 1 and None not in nodes["rollout"], nodes
+    assert len(nodes["rollout"]) == len(nodes["learner"]) == 1 and None not in nodes["rollout"], nodes
     assert set(nodes["rollout"]) != set(nodes["learner"]), f"rollout and learner on one node: {nodes}"
 
 

@@ -30,12 +30,12 @@ def training_returns(tmp_path: Path, experiment: str, steps: int, window: int, *
 
 
 @pytest.mark.slow
-def test_halfcheetah_return_rises_over_the_first_50k_env_steps(tmp_path: Path) -> None:
+def test_halfcheetah_return_rises_over_the_first_32k_env_steps(tmp_path: Path) -> None:
     pytest.importorskip("mujoco", reason="the mujoco extra (pip install -e '.[mujoco]'; `make setup` installs it)")
-    # The first 24 steps (49,152 env steps) of the 489-step recipe, whose linear lr decay is under 5% by then
-    # (so: constant lr). Every env copy ends an episode each 1,000 steps: the first 8 vs the sixth 8 episodes.
-    returns = training_returns(tmp_path, "ppo_halfcheetah", 24, 8, "learner.optim.scheduler=constant")
-    assert returns[-1] > returns[0] + 50, returns  # measured: -366 -> -192 (numpy step policy; -330 -> -216 before)
+    # The first 16 steps (32,768 env steps) of the 489-step recipe, whose linear lr decay is under 4% by then
+    # (so: constant lr). Every env copy ends an episode each 1,000 steps: the first 8 vs the fourth 8 episodes.
+    returns = training_returns(tmp_path, "ppo_halfcheetah", 16, 8, "learner.optim.scheduler=constant")
+    assert returns[-1] > returns[0] + 50, returns  # measured: -366 -> -257 (-366 -> -192 after 24 steps)
 
 
 def test_lunarlander_return_rises_over_the_first_8k_env_steps(tmp_path: Path) -> None:
