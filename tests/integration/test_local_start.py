@@ -63,18 +63,19 @@ def test_a_local_instance_hands_its_started_workers_to_actors_with_the_worker_en
 
 EARLY = textwrap.dedent("""
     import json, time
-    import ray
-    from toolbox.driver.local_ray import LOCAL_DEFAULTS, EarlyRay
+    import psutil, ray
+    from toolbox.driver.local_ray import GCS_PROCESS, LOCAL_DEFAULTS, EarlyRay
 
-    early = EarlyRay()  # in its thread, while this one carries on
+    early = EarlyRay()  # in its thread, while this one carries on once the GCS is started
+    gcs = [child.name() for child in psutil.Process().children()].count(GCS_PROCESS)
     used = early.take(dict(LOCAL_DEFAULTS))
     time.sleep(2)  # the head processes outlive the start: they die with the thread that started them
     answered = ray.get(ray.remote(lambda: 7).remote(), timeout=60)
     ray.shutdown()
     early.close()
     other = EarlyRay()
-    print(json.dumps({"used": used, "answered": answered, "other": other.take({**LOCAL_DEFAULTS, "num_cpus": 1}),
-                      "after": ray.is_initialized()}))
+    print(json.dumps({"gcs": gcs, "used": used, "answered": answered,
+                      "other": other.take({**LOCAL_DEFAULTS, "num_cpus": 1}), "after": ray.is_initialized()}))
     other.abandon()
 """)
 
@@ -82,8 +83,8 @@ EARLY = textwrap.dedent("""
 def test_an_early_instance_is_used_when_the_config_asks_for_it_and_dropped_otherwise() -> None:
     done = subprocess.run([sys.executable, "-c", EARLY], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"used": True, "answered": 7, "other": False,
-                                                                "after": False}
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"gcs": 1, "used": True, "answered": 7,
+                                                                "other": False, "after": False}
     assert "not the main thread" not in done.stderr  # Ray's warning about its signal handler is dropped
 
 
