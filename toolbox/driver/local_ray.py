@@ -219,7 +219,7 @@ class EarlyRay:
     def _wait_for_gcs(self, within_s: float = 2.0) -> None:
         """Return once the thread has started Ray's GCS process (or ended, or ``within_s`` passed).
 
-        Why: until then the thread runs Python (``import ray``, the session's set-up) and shares the interpreter
+        Why: until then the thread runs Python (``import ray``, the instance's temp directory and ports) and shares the interpreter
         lock with whatever the caller does next (the config, toolbox's and torch's imports), which held the GCS
         back by about a second; every later step of Ray's start (the API server, the raylet, its agents) waits
         on the one before it. From there on the thread mostly waits on those processes, and the caller's imports
