@@ -68,6 +68,35 @@ def test_shutdown_ends_the_autoscaler_monitor_first(tmp_path: Path, monkeypatch:
             proc.wait()
 
 
+def test_ray_starts_a_local_head_without_the_monitor_and_only_within_the_block() -> None:
+    """Inside `without_monitor` the head parameters ``ray.init`` builds ask for no autoscaler monitor, whatever
+    else they say; outside, Ray's own class is back."""
+    from ray._private import parameter
+
+    from toolbox.driver.local_ray import without_monitor
+
+    original = parameter.RayParams
+    with without_monitor():
+        inside = parameter.RayParams(num_cpus=2)
+    assert parameter.RayParams is original
+    assert isinstance(inside, original) and inside.no_monitor and inside.num_cpus == 2
+    assert not original(num_cpus=2).no_monitor
+
+
+def test_a_ray_without_the_monitor_parameter_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray._private import parameter
+
+    from toolbox.driver.local_ray import without_monitor
+
+    class OlderParams:
+        def __init__(self, num_cpus: int | None = None) -> None:
+            self.num_cpus = num_cpus
+
+    monkeypatch.setattr(parameter, "RayParams", OlderParams)
+    with without_monitor():
+        assert parameter.RayParams is OlderParams
+
+
 def test_workers_get_the_non_temporal_threshold_unless_the_environment_sets_one() -> None:
     threshold = f"glibc.cpu.x86_non_temporal_threshold={NON_TEMPORAL_BYTES:#x}"
     assert glibc_tunables("") == threshold

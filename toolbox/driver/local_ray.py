@@ -11,11 +11,14 @@ early instance down to start its own where they differ. Nothing here imports tor
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
 import os
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import yaml
@@ -89,7 +92,8 @@ def start_local(kwargs: dict[str, Any]) -> None:
     saved = {key: os.environ.get(key) for key in values}
     os.environ.update(values)
     try:
-        ray.init(**kwargs)
+        with without_monitor():
+            ray.init(**kwargs)
     finally:
         for key, value in saved.items():
             if value is None:
@@ -98,17 +102,45 @@ def start_local(kwargs: dict[str, Any]) -> None:
                 os.environ[key] = value
     if not explicit:
         _INHERITED[ray.get_runtime_context().gcs_address] = dict(WORKER_ENV)
-    end_monitor()
+    end_monitor()  # a Ray whose head parameters lack ``no_monitor`` started it all the same
+
+
+@contextlib.contextmanager
+def without_monitor() -> Iterator[None]:
+    """Within: a ``ray.init`` that starts a local instance starts it without Ray's autoscaler monitor.
+
+    Why: the monitor scales a cluster, and a local instance has nothing to scale; it holds nothing of the run's (a
+    run's own placement timeouts name what cannot be placed). Its start is about 0.6 CPU s (the autoscaler's
+    imports) in the seconds where Ray's start, the driver's imports and the actors' share 2 cores, and its process
+    ~50 MiB for the whole run (`toolbox bench default_run` counts every process); at shutdown it held Ray up (see
+    `shutdown`). Launch to step 1 of the default run: docs/benchmarks.md, "The autoscaler monitor left out".
+
+    ``ray.init`` has no argument for it: its head parameters (``ray._private.parameter.RayParams``, which ``ray
+    start --no-monitor`` sets) are built inside the call, so the class is swapped for one that sets ``no_monitor``
+    for the duration of the block. Where Ray's parameters have no ``no_monitor`` the block changes nothing, and
+    `end_monitor` ends the monitor once the instance is up."""
+    from ray._private import parameter
+
+    original = parameter.RayParams
+    if "no_monitor" not in inspect.signature(original).parameters:
+        yield
+        return
+
+    class WithoutMonitor(original):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{"no_monitor": True, **kwargs})
+
+    parameter.RayParams = WithoutMonitor  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        parameter.RayParams = original  # type: ignore[misc]
 
 
 def end_monitor() -> None:
-    """Kill Ray's autoscaler monitor among this process's children: the local instance's, if this process started one.
-
-    Why: the monitor scales a cluster, and a local instance has nothing to scale; it holds nothing of the run's
-    (a run's own placement timeouts name what cannot be placed), so a SIGKILL loses nothing. Ended as soon as the
-    instance is up, it gives back its ~50 MiB for the whole run (`toolbox bench default_run` counts every process),
-    and at shutdown it cannot hold Ray up (see `shutdown`). A cluster this process merely connected to is left
-    alone: its monitor is not a child."""
+    """Kill Ray's autoscaler monitor among this process's children: a local instance's that started one (a plain
+    ``ray.init``, or one outside `without_monitor`); a SIGKILL loses nothing (`without_monitor` says why). A
+    cluster this process merely connected to is left alone: its monitor is not a child."""
     import psutil
 
     for proc in psutil.Process().children():
@@ -135,8 +167,8 @@ def shutdown() -> None:
 
     Why: Ray's shutdown stops the GCS before the monitor, whose SIGTERM handler then tries to record its end in the
     GCS and waits until Ray kills it a second later (``ray._private.node._kill_process_impl``): 1.0 of the 1.35 s a
-    local instance took to shut down on 2 cores. `start_local` ends it already; an instance started otherwise (a
-    plain ``ray.init``) still has it here."""
+    local instance took to shut down on 2 cores. `start_local` starts none; an instance started otherwise (a plain
+    ``ray.init``) has one."""
     import ray
 
     end_monitor()
