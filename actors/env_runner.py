@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from toolbox.envs.env_runner import EnvRunner
 from toolbox.rl.roles import EnvRollout
 
 from .resolve import node_info, resolve, share
+
+if TYPE_CHECKING:  # the runner (gymnasium, the env registry) is built in the worker: a GRPO driver imports none of it
+    from toolbox.envs.env_runner import EnvRunner
 
 
 class EnvRunnerWorker:
