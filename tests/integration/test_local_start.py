@@ -16,7 +16,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 SCRIPT = textwrap.dedent("""
-    import json, os, time
+    import json, os, sys, time
     import psutil, ray
     from toolbox.actors.group import WorkerGroup
     from toolbox.config import load_config
@@ -34,6 +34,7 @@ SCRIPT = textwrap.dedent("""
     monitors = [p.pid for p in psutil.Process().children() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
                 and any(a.endswith(MONITOR_SCRIPT) for a in p.cmdline())]
     started = sorted(ray._private.worker._global_node.all_processes)  # the kinds of process Ray's start launched
+    dashboard_packages = [name for name in ("aiohttp", "opencensus", "prometheus_client") if name in sys.modules]
     idle, deadline = set(), time.monotonic() + 60
     while not idle and time.monotonic() < deadline:  # the workers Ray starts ahead, once they are up
         idle = {p.pid for p in psutil.Process().children(recursive=True) if p.name() == "ray::IDLE"}
@@ -41,7 +42,8 @@ SCRIPT = textwrap.dedent("""
     group = WorkerGroup("rollout", Probe, 2, lambda r: {}, timeout_s=120, cpus=0.01, env=actor_env())
     reports = group.each(Probe.report).result()
     print(json.dumps({"driver": os.environ["TOKENIZERS_PARALLELISM"], "driver_ray": [os.environ.get(k) for k in RAY_ENV], "idle": sorted(idle), "env": actor_env(),
-                      "workers": reports, "monitors": monitors, "started": started}))
+                      "workers": reports, "monitors": monitors, "started": started,
+                      "dashboard_packages": dashboard_packages}))
     ray.shutdown()
 """)
 
@@ -57,6 +59,7 @@ def test_a_local_instance_hands_its_started_workers_to_actors_with_the_worker_en
     assert out["idle"], "Ray started no worker ahead"
     assert out["monitors"] == [], "the autoscaler monitor outlived the start"
     assert "gcs_server" in out["started"] and "monitor" not in out["started"], out["started"]  # never started
+    assert out["dashboard_packages"] == []  # looked up, not imported, by the driver
     for _, env in out["workers"]:
         assert env == WORKER_ENV | RAY_ENV  # inherited from the raylet
     reused = {pid for pid, _ in out["workers"]} & set(out["idle"])

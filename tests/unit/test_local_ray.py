@@ -68,33 +68,55 @@ def test_shutdown_ends_the_autoscaler_monitor_first(tmp_path: Path, monkeypatch:
             proc.wait()
 
 
-def test_ray_starts_a_local_head_without_the_monitor_and_only_within_the_block() -> None:
-    """Inside `without_monitor` the head parameters ``ray.init`` builds ask for no autoscaler monitor, whatever
-    else they say; outside, Ray's own class is back."""
-    from ray._private import parameter
+def test_a_lean_head_asks_for_no_monitor_and_imports_no_dashboard_package_only_within_the_block() -> None:
+    """Inside `lean_head` the head parameters ``ray.init`` builds ask for no autoscaler monitor, whatever else they
+    say, and Ray's check of the dashboard's packages answers as Ray's own does (all installed here) without
+    importing them; outside, Ray's own are back."""
+    from ray._private import parameter, utils
 
-    from toolbox.driver.local_ray import without_monitor
+    from toolbox.driver.local_ray import lean_head
 
-    original = parameter.RayParams
-    with without_monitor():
+    params, check = parameter.RayParams, utils.get_dashboard_dependency_error
+    probe = "import sys\nfrom toolbox.driver.local_ray import lean_head\nfrom ray._private import utils\n" \
+            "with lean_head():\n    print(utils.get_dashboard_dependency_error(), 'aiohttp' in sys.modules)\n"
+    with lean_head():
         inside = parameter.RayParams(num_cpus=2)
-    assert parameter.RayParams is original
-    assert isinstance(inside, original) and inside.no_monitor and inside.num_cpus == 2
-    assert not original(num_cpus=2).no_monitor
+        assert utils.get_dashboard_dependency_error() is None
+    assert parameter.RayParams is params and utils.get_dashboard_dependency_error is check
+    assert isinstance(inside, params) and inside.no_monitor and inside.num_cpus == 2
+    assert not params(num_cpus=2).no_monitor and check() is None  # Ray's own answer: installed
+    fresh = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert fresh.stdout.split() == ["None", "False"], fresh.stderr[-2000:]
 
 
-def test_a_ray_without_the_monitor_parameter_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ray._private import parameter
+def test_a_missing_dashboard_package_gets_ray_s_own_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One module of Ray's list not found (a namespace package's part here): Ray's check answers, with its error."""
+    import importlib.util
 
-    from toolbox.driver.local_ray import without_monitor
+    from toolbox.driver.local_ray import dashboard_deps_error
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "opentelemetry.proto" else find_spec(name, *a))
+    missing = ImportError("No module named 'opentelemetry.proto'")
+    assert dashboard_deps_error(lambda: missing) is missing
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert dashboard_deps_error(lambda: missing) is None
+
+
+def test_a_ray_with_other_internals_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray._private import parameter, utils
+
+    from toolbox.driver.local_ray import lean_head
 
     class OlderParams:
         def __init__(self, num_cpus: int | None = None) -> None:
             self.num_cpus = num_cpus
 
     monkeypatch.setattr(parameter, "RayParams", OlderParams)
-    with without_monitor():
-        assert parameter.RayParams is OlderParams
+    monkeypatch.delattr(utils, "get_dashboard_dependency_error")
+    with lean_head():
+        assert parameter.RayParams is OlderParams and not hasattr(utils, "get_dashboard_dependency_error")
 
 
 def test_workers_get_the_non_temporal_threshold_unless_the_environment_sets_one() -> None:

@@ -12,13 +12,15 @@ early instance down to start its own where they differ. Nothing here imports tor
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -92,7 +94,7 @@ def start_local(kwargs: dict[str, Any]) -> None:
     saved = {key: os.environ.get(key) for key in values}
     os.environ.update(values)
     try:
-        with without_monitor():
+        with lean_head():
             ray.init(**kwargs)
     finally:
         for key, value in saved.items():
@@ -106,40 +108,77 @@ def start_local(kwargs: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def without_monitor() -> Iterator[None]:
-    """Within: a ``ray.init`` that starts a local instance starts it without Ray's autoscaler monitor.
+def lean_head() -> Iterator[None]:
+    """Within: a ``ray.init`` that starts a local instance does without two parts of Ray's start that a local head
+    has no use for, each in the seconds where Ray's start, the driver's imports and the actors' share 2 cores.
 
-    Why: the monitor scales a cluster, and a local instance has nothing to scale; it holds nothing of the run's (a
-    run's own placement timeouts name what cannot be placed). Its start is about 0.6 CPU s (the autoscaler's
-    imports) in the seconds where Ray's start, the driver's imports and the actors' share 2 cores, and its process
-    ~50 MiB for the whole run (`toolbox bench default_run` counts every process); at shutdown it held Ray up (see
-    `shutdown`). Launch to step 1 of the default run: docs/benchmarks.md, "The autoscaler monitor left out".
+    - Ray's autoscaler monitor: it scales a cluster, and a local instance has nothing to scale; it holds nothing of
+      the run's (a run's own placement timeouts name what cannot be placed). Its process is about 0.6 CPU s (the
+      autoscaler's imports) and ~50 MiB for the whole run (`toolbox bench default_run` counts every process); at
+      shutdown it held Ray up (see `shutdown`).
+    - importing the dashboard's packages into this process: Ray asks whether they are installed (the answer picks
+      the dashboard agent's minimal mode) by importing them all (aiohttp, grpc, OpenTelemetry, OpenCensus,
+      prometheus_client), in the thread that starts the head processes, between the GCS and the API server whose
+      address ``ray.init`` waits for. `dashboard_deps_error` answers without loading them.
 
-    ``ray.init`` has no argument for it: its head parameters (``ray._private.parameter.RayParams``, which ``ray
-    start --no-monitor`` sets) are built inside the call, so the class is swapped for one that sets ``no_monitor``
-    for the duration of the block. Where Ray's parameters have no ``no_monitor`` the block changes nothing, and
-    `end_monitor` ends the monitor once the instance is up."""
-    from ray._private import parameter
+    Launch to step 1 of the default run: docs/benchmarks.md, "A leaner head start". ``ray.init`` has no argument
+    for either: its head parameters (``ray._private.parameter.RayParams``, which ``ray start --no-monitor`` sets)
+    and its check (``ray._private.utils.get_dashboard_dependency_error``) are looked up inside the call, so each is
+    swapped for the duration of the block (``unittest.mock.patch.object``: set, and put back however the block
+    ends). A Ray whose names differ is left as it is, and `end_monitor` ends its monitor once the instance is up."""
+    from unittest import mock
 
-    original = parameter.RayParams
-    if "no_monitor" not in inspect.signature(original).parameters:
+    from ray._private import parameter, utils
+
+    with contextlib.ExitStack() as swaps:
+        if "no_monitor" in inspect.signature(parameter.RayParams).parameters:
+            swaps.enter_context(mock.patch.object(parameter, "RayParams", _without_monitor(parameter.RayParams)))
+        ray_check = getattr(utils, "get_dashboard_dependency_error", None)
+        if ray_check is not None:
+            swaps.enter_context(mock.patch.object(utils, "get_dashboard_dependency_error",
+                                                  functools.partial(dashboard_deps_error, ray_check)))
         yield
-        return
 
-    class WithoutMonitor(original):  # type: ignore[misc,valid-type]
+
+def _without_monitor(params: type) -> type:
+    """Ray's head parameters ``params`` with ``no_monitor`` set."""
+    class WithoutMonitor(params):  # type: ignore[misc,valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **{"no_monitor": True, **kwargs})
 
-    parameter.RayParams = WithoutMonitor  # type: ignore[misc]
-    try:
-        yield
-    finally:
-        parameter.RayParams = original  # type: ignore[misc]
+    return WithoutMonitor
+
+
+DASHBOARD_DEPS = "ray.dashboard.optional_deps"  # the module whose imports are Ray's list of the dashboard's packages
+
+
+def dashboard_deps_error(ray_check: Callable[[], ImportError | None]) -> ImportError | None:
+    """``ray_check``'s answer (None: the dashboard's packages are installed), found without importing them where
+    they all are: each module `DASHBOARD_DEPS` imports is looked up (``importlib.util.find_spec``: its package
+    itself, or inside a namespace package, whose parts ship separately, the module). Where one is missing, Ray's
+    check (its import) says which and why. A package that is there but fails to import is the one case where the
+    answers differ: the dashboard agent, started in its full mode, then fails at the start, naming it."""
+    import ast
+    import importlib.util
+
+    def installed(name: str) -> bool:
+        package = importlib.util.find_spec(name.split(".")[0])
+        if package is None or package.origin is not None:  # missing, or a regular package that ships its modules
+            return package is not None
+        return importlib.util.find_spec(name) is not None
+
+    spec = importlib.util.find_spec(DASHBOARD_DEPS)
+    if spec is None or spec.origin is None:
+        return ray_check()
+    tree = ast.parse(Path(spec.origin).read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    return None if names and all(installed(name) for name in names) else ray_check()
 
 
 def end_monitor() -> None:
     """Kill Ray's autoscaler monitor among this process's children: a local instance's that started one (a plain
-    ``ray.init``, or one outside `without_monitor`); a SIGKILL loses nothing (`without_monitor` says why). A
+    ``ray.init``, or one outside `lean_head`); a SIGKILL loses nothing (`lean_head` says why). A
     cluster this process merely connected to is left alone: its monitor is not a child."""
     import psutil
 
