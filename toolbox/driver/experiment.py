@@ -225,27 +225,33 @@ class ExperimentBuilder:
 
         if not self.cfg.ray.local_mode:
             check_run_root_shared(self.cfg, live_nodes())
-        bus = EventBus()
-        if self.clock is not None:  # first: the first step's metrics get the start-up phases before callbacks see them
-            self.clock.attach(bus, self.run_dir)
-        inject = {"run_dir": self.run_dir, "total_steps": self.cfg.trainer.total_steps}
-        for spec in self.cfg.callbacks:
-            CALLBACKS.build(spec, inject=inject).attach(bus)
-        if self.remote is not None:  # after the callbacks: what they write at an event is published with it
-            RemotePublish(self.remote, self.run_dir).attach(bus)
         name = self.cfg.algorithm.name
         plan = ALGORITHMS.get(name).factory(self)
         if not isinstance(plan, AlgorithmPlan):
             raise TypeError(f"algorithm {name!r}: its wiring returned a {type(plan).__name__}, not the AlgorithmPlan "
                             "of toolbox.algorithms.plan that the builder starts (docs/adding-an-algorithm.md)")
-        return plan.loop(self.start(plan), bus)
+        bus = EventBus()
+        return plan.loop(self.start(plan, lambda: self.listen(bus)), bus)
 
-    def start(self, plan: AlgorithmPlan) -> Groups:
+    def listen(self, bus: EventBus) -> None:
+        """Attach the run's listeners to ``bus``: the start-up clock first (the first step's metrics get the start-up
+        phases before callbacks see them), the configured callbacks, then the remote publisher (what the callbacks
+        write at an event is published with it)."""
+        if self.clock is not None:
+            self.clock.attach(bus, self.run_dir)
+        inject = {"run_dir": self.run_dir, "total_steps": self.cfg.trainer.total_steps}
+        for spec in self.cfg.callbacks:
+            CALLBACKS.build(spec, inject=inject).attach(bus)
+        if self.remote is not None:
+            RemotePublish(self.remote, self.run_dir).attach(bus)
+
+    def start(self, plan: AlgorithmPlan, meanwhile: Callable[[], None] = lambda: None) -> Groups:
         """Carry ``plan`` out: the learner's actors first (its ranks take longest to start, and the actors created
         first take the worker processes Ray started ahead), then each role's in the plan's order, all starting at
-        once; the driver's own loading (the tokenizer) meanwhile; one wait for them all, in which the learner ranks
-        join their process group and build their learners as soon as they are up; then the weight-sync path from
-        the learner to the rollout workers. Returns each role's typed group."""
+        once; the driver's own loading meanwhile (the tokenizer, then ``meanwhile``: the run's callbacks, whose
+        libraries take 0.3 CPU s to import for TensorBoard alone, which the actors need not wait for); one wait for
+        them all, in which the learner ranks join their process group and build their learners as soon as they are
+        up; then the weight-sync path from the learner to the rollout workers. Returns each role's typed group."""
         raw = {"learner": self.learner_group(plan.learner.build, wait=False)}
         for role in plan.roles:
             w = role.workers
@@ -253,6 +259,7 @@ class ExperimentBuilder:
                 role.name, w.cls, w.count, w.kwargs, w.timeout_s, w.cpus, w.gpus, wait=w.wait)
         if "rollout" in raw:
             self.tokenizer  # noqa: B018 - the cached property's work (the driver tokenises the prompts) is the point
+        meanwhile()
         self.started()
         groups = {"learner": plan.learner.facade(raw["learner"]), **{r.name: r.facade(raw[r.name]) for r in plan.roles}}
         if "rollout" in groups:
