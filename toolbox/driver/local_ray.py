@@ -115,7 +115,7 @@ def lean_head() -> Iterator[None]:
     - Ray's autoscaler monitor: it scales a cluster, and a local instance has nothing to scale; it holds nothing of
       the run's (a run's own placement timeouts name what cannot be placed). Its process is about 0.6 CPU s (the
       autoscaler's imports) and ~50 MiB for the whole run (`toolbox bench default_run` counts every process); at
-      shutdown it held Ray up (see `shutdown`).
+      shutdown it holds Ray up (see `shutdown`).
     - importing the dashboard's packages into this process: Ray asks whether they are installed (the answer picks
       the dashboard agent's minimal mode) by importing them all (aiohttp, grpc, OpenTelemetry, OpenCensus,
       prometheus_client), in the thread that starts the head processes, between the GCS and the API server whose
