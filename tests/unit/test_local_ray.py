@@ -72,17 +72,19 @@ def test_a_lean_head_asks_for_no_monitor_and_imports_no_dashboard_package_only_w
     """Inside `lean_head` the head parameters ``ray.init`` builds ask for no autoscaler monitor, whatever else they
     say, and Ray's check of the dashboard's packages answers as Ray's own does (all installed here) without
     importing them; outside, Ray's own are back."""
-    from ray._private import parameter, utils
+    from ray._private import parameter, services, utils
 
     from toolbox.driver.local_ray import lean_head
 
-    params, check = parameter.RayParams, utils.get_dashboard_dependency_error
+    params, check, get_node = parameter.RayParams, utils.get_dashboard_dependency_error, services.get_node
     probe = "import sys\nfrom toolbox.driver.local_ray import lean_head\nfrom ray._private import utils\n" \
             "with lean_head():\n    print(utils.get_dashboard_dependency_error(), 'aiohttp' in sys.modules)\n"
     with lean_head():
         inside = parameter.RayParams(num_cpus=2)
         assert utils.get_dashboard_dependency_error() is None
+        assert services.get_node is not get_node
     assert parameter.RayParams is params and utils.get_dashboard_dependency_error is check
+    assert services.get_node is get_node
     assert isinstance(inside, params) and inside.no_monitor and inside.num_cpus == 2
     assert not params(num_cpus=2).no_monitor and check() is None  # Ray's own answer: installed
     fresh = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
@@ -104,8 +106,39 @@ def test_a_missing_dashboard_package_gets_ray_s_own_answer(monkeypatch: pytest.M
     assert dashboard_deps_error(lambda: missing) is None
 
 
+def test_ray_is_asked_for_the_node_once_the_gcs_lists_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node table is polled until it lists the node, then Ray's own call answers; a poll that fails leaves the
+    wait to Ray's call all the same, and the table's connection is closed either way."""
+    from ray._private import services, state
+
+    from toolbox.driver.local_ray import registered_node
+
+    tables: list[list[dict[str, str]]] = [[], [{"NodeID": "other"}], [{"NodeID": "other"}, {"NodeID": "n1"}]]
+    polls, closed = [], []
+
+    class Table:
+        def _initialize_global_state(self, options: object) -> None:
+            pass
+
+        def node_table(self) -> list[dict[str, str]]:
+            polls.append(1)
+            if not tables:
+                raise RuntimeError("GCS gone")
+            return tables.pop(0)
+
+        def disconnect(self) -> None:
+            closed.append(1)
+
+    monkeypatch.setattr(state, "GlobalState", Table)
+    monkeypatch.setattr(services, "_get_gcs_client_options", lambda address: address)
+    asked = []
+    assert registered_node(lambda a, n: asked.append((a, n, len(polls))) or "record", "gcs:1", "n1") == "record"
+    assert asked == [("gcs:1", "n1", 3)] and closed == [1]
+    assert registered_node(lambda a, n: "record", "gcs:1", "n1") == "record" and closed == [1, 1]
+
+
 def test_a_ray_with_other_internals_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ray._private import parameter, utils
+    from ray._private import parameter, services, utils
 
     from toolbox.driver.local_ray import lean_head
 
@@ -115,8 +148,10 @@ def test_a_ray_with_other_internals_is_left_as_it_is(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(parameter, "RayParams", OlderParams)
     monkeypatch.delattr(utils, "get_dashboard_dependency_error")
+    monkeypatch.delattr(services, "get_node")
     with lean_head():
         assert parameter.RayParams is OlderParams and not hasattr(utils, "get_dashboard_dependency_error")
+        assert not hasattr(services, "get_node")
 
 
 def test_workers_get_the_non_temporal_threshold_unless_the_environment_sets_one() -> None:
