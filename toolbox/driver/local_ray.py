@@ -96,7 +96,7 @@ def start_local(kwargs: dict[str, Any]) -> None:
     saved = {key: os.environ.get(key) for key in values}
     os.environ.update(values)
     try:
-        with lean_head():
+        with lean_head() as monitor_left_out:
             ray.init(**kwargs)
     finally:
         for key, value in saved.items():
@@ -106,11 +106,12 @@ def start_local(kwargs: dict[str, Any]) -> None:
                 os.environ[key] = value
     if not explicit:
         _INHERITED[ray.get_runtime_context().gcs_address] = dict(WORKER_ENV)
-    end_monitor()  # a Ray whose head parameters lack ``no_monitor`` started it all the same
+    if not monitor_left_out:  # a Ray whose head parameters lack ``no_monitor`` started it all the same
+        end_monitor()
 
 
 @contextlib.contextmanager
-def lean_head() -> Iterator[None]:
+def lean_head() -> Iterator[bool]:
     """Within: a ``ray.init`` that starts a local instance does without two parts of Ray's start that a local head
     has no use for, each in the seconds where Ray's start, the driver's imports and the actors' share 2 cores.
 
@@ -129,22 +130,22 @@ def lean_head() -> Iterator[None]:
     sets), its check (``ray._private.utils.get_dashboard_dependency_error``) and its wait for the node
     (``ray._private.services.get_node``) are looked up inside the call, so each is swapped for the duration of the
     block (``unittest.mock.patch.object``: set, and put back however the block
-    ends). A Ray whose names differ is left as it is, and `end_monitor` ends its monitor once the instance is up."""
+    ends). A Ray whose names differ is left as it is. Yields whether the monitor is left out (where it is not,
+    `end_monitor` ends it once the instance is up)."""
     from unittest import mock
 
     from ray._private import parameter, services, utils
 
     with contextlib.ExitStack() as swaps:
-        if "no_monitor" in inspect.signature(parameter.RayParams).parameters:
+        monitor_left_out = "no_monitor" in inspect.signature(parameter.RayParams).parameters
+        if monitor_left_out:
             swaps.enter_context(mock.patch.object(parameter, "RayParams", _without_monitor(parameter.RayParams)))
-        ray_check = getattr(utils, "get_dashboard_dependency_error", None)
-        if ray_check is not None:
-            swaps.enter_context(mock.patch.object(utils, "get_dashboard_dependency_error",
-                                                  functools.partial(dashboard_deps_error, ray_check)))
-        ray_get_node = getattr(services, "get_node", None)
-        if ray_get_node is not None:
-            swaps.enter_context(mock.patch.object(services, "get_node", functools.partial(registered_node, ray_get_node)))
-        yield
+        for module, name, wrapper in ((utils, "get_dashboard_dependency_error", dashboard_deps_error),
+                                      (services, "get_node", registered_node)):
+            original = getattr(module, name, None)
+            if original is not None:  # each wrapper takes Ray's own function first
+                swaps.enter_context(mock.patch.object(module, name, functools.partial(wrapper, original)))
+        yield monitor_left_out
 
 
 def _without_monitor(params: type) -> type:
@@ -165,7 +166,6 @@ def dashboard_deps_error(ray_check: Callable[[], ImportError | None]) -> ImportE
     itself, or inside a namespace package, whose parts ship separately, the module). Where one is missing, Ray's
     check (its import) says which and why. A package that is there but fails to import is the one case where the
     answers differ: the dashboard agent, started in its full mode, then fails at the start, naming it."""
-    import ast
     import importlib.util
 
     def installed(name: str) -> bool:
@@ -174,13 +174,23 @@ def dashboard_deps_error(ray_check: Callable[[], ImportError | None]) -> ImportE
             return package is not None
         return importlib.util.find_spec(name) is not None
 
+    names = _dashboard_modules()
+    return None if names and all(installed(name) for name in names) else ray_check()
+
+
+@functools.cache
+def _dashboard_modules() -> frozenset[str]:
+    """The modules `DASHBOARD_DEPS` imports (none where it cannot be found): read once per process, as Ray's start
+    asks twice (the API server's command, the dashboard agent's)."""
+    import ast
+    import importlib.util
+
     spec = importlib.util.find_spec(DASHBOARD_DEPS)
     if spec is None or spec.origin is None:
-        return ray_check()
+        return frozenset()
     tree = ast.parse(Path(spec.origin).read_text())
     names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    return None if names and all(installed(name) for name in names) else ray_check()
+    return frozenset(names | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module})
 
 
 def registered_node(ray_get_node: Callable[[str, str], Any], gcs_address: str, node_id: str) -> Any:
