@@ -245,7 +245,7 @@ class ExperimentBuilder:
         if self.remote is not None:
             RemotePublish(self.remote, self.run_dir).attach(bus)
 
-    def start(self, plan: AlgorithmPlan, meanwhile: Callable[[], None]) -> Groups:
+    def start(self, plan: AlgorithmPlan, meanwhile: Callable[[], None] = lambda: None) -> Groups:
         """Carry ``plan`` out: the learner's actors first (its ranks take longest to start, and the actors created
         first take the worker processes Ray started ahead), then each role's in the plan's order, all starting at
         once; the driver's own loading meanwhile (the tokenizer, then ``meanwhile``: the run's callbacks, whose
