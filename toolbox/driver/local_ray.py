@@ -68,7 +68,7 @@ WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS":
 # A raylet connects to its own object store (a thread it has just started) and a worker to its raylet through a
 # Unix socket; where the socket is not listening yet, Ray waits `raylet_client_connect_timeout_milliseconds` (1 s)
 # before the next try. A local head's raylet missed its store's socket in 5 of 12 starts and each such start took
-# 1 s longer (3.2-3.4 s to a node against 2.0-2.5 s); 50 ms between tries (as patient: 200 tries) left 0 of 12 with
+# 1 s longer (`ray.init` 3.2-3.4 s against 2.0-2.5 s); 50 ms between tries (as patient: 200 tries) left 0 of 12 with
 # a wait over 50 ms. Measured by the raylet's log of each start ("Plasma store debug dump" to "ObjectManager server
 # started"), docs/benchmarks.md.
 RAY_ENV = {"RAY_actor_scheduling_queue_max_reorder_wait_seconds": "5",
