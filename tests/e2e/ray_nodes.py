@@ -16,31 +16,50 @@ from pathlib import Path
 BIN = Path(sys.executable).parent
 
 
-def alive_nodes(env: dict[str, str]) -> int:
-    """Alive nodes, asked from a short-lived driver (so this process never joins the cluster); 0 if none answers."""
-    probe = "import ray; ray.init(); print(sum(node['Alive'] for node in ray.nodes()))"
+# Waits, in a process of its own (so the test's process never talks to the cluster, whose token auth it may not
+# share), until the GCS at argv[1] lists argv[2] alive nodes: the GCS's port polled first (Ray's client would wait
+# out its own connect timeout on a port nobody listens on), then its node table every 0.1 s. One such process per
+# node start, about 0.4 CPU s, where a driver joining the cluster every 2 s cost ~1.5 s each.
+NODE_WAIT = """
+import socket, sys, time
+address, want, deadline = sys.argv[1], int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+host, port = address.rsplit(":", 1)
+while True:
     try:
-        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        return 0
-    last = out.stdout.strip().splitlines()[-1:] if out.returncode == 0 else []
-    return int(last[0]) if last and last[0].isdigit() else 0
+        socket.create_connection((host, int(port)), timeout=1).close()
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            sys.exit(1)
+        time.sleep(0.1)
+from ray._raylet import GcsClient
+gcs = GcsClient(address=address)
+while time.monotonic() < deadline:
+    if sum(node.state == 0 for node in gcs.get_all_node_info(timeout=10).values()) >= want:  # 0: ALIVE
+        sys.exit(0)
+    time.sleep(0.1)
+sys.exit(1)
+"""
 
 
 def start_node(args: list[str], env: dict[str, str], nodes: int, procs: list[subprocess.Popen[bytes]]) -> None:
-    """``ray start ARGS --block`` until the cluster at ``env["RAY_ADDRESS"]`` has ``nodes`` nodes. On a loaded
+    """``ray start ARGS --block`` until the cluster at ``env["RAY_ADDRESS"]`` has ``nodes`` alive nodes. On a loaded
     machine a raylet may miss Ray's fixed 30 s registration window and its ``ray start`` exits: then it is started
-    again. (``RAY_ADDRESS`` is for the probe only: the node's processes, a head's job agent among them, do not get it.)"""
+    again. (``RAY_ADDRESS`` is for the wait only: the node's processes, a head's job agent among them, do not get it.)"""
     node_env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}
     for _ in range(3):
         proc = subprocess.Popen([str(BIN / "ray"), "start", "--block", *args], env=node_env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         procs.append(proc)
-        deadline = time.monotonic() + 300
-        while proc.poll() is None and time.monotonic() < deadline:
-            if alive_nodes(env) >= nodes:
-                return
-            time.sleep(2.0)
+        wait = subprocess.Popen([sys.executable, "-c", NODE_WAIT, env["RAY_ADDRESS"], str(nodes), "300"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while wait.poll() is None and proc.poll() is None:
+            time.sleep(0.1)
+        if wait.poll() is None:  # the node's `ray start` exited first
+            wait.kill()
+            wait.wait()
+        elif wait.returncode == 0:
+            return
         if proc.poll() is None:
             break
     raise TimeoutError(f"ray start {' '.join(args)}: the cluster did not reach {nodes} nodes")
