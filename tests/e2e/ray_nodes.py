@@ -33,10 +33,14 @@ while True:
             sys.exit(1)
         time.sleep(0.1)
 from ray._raylet import GcsClient
-gcs = GcsClient(address=address)
+gcs = None
 while time.monotonic() < deadline:
-    if sum(node.state == 0 for node in gcs.get_all_node_info(timeout=10).values()) >= want:  # 0: ALIVE
-        sys.exit(0)
+    try:  # a GCS still starting may refuse the client or the call: asked again
+        gcs = gcs or GcsClient(address=address)
+        if sum(node.state == 0 for node in gcs.get_all_node_info(timeout=10).values()) >= want:  # 0: ALIVE
+            sys.exit(0)
+    except Exception:
+        pass
     time.sleep(0.1)
 sys.exit(1)
 """
