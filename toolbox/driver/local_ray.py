@@ -120,7 +120,7 @@ def start_local(kwargs: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def lean_head() -> Iterator[bool]:
-    """Within: a ``ray.init`` that starts a local instance does without two parts of Ray's start that a local head
+    """Within: a ``ray.init`` that starts a local instance does without three parts of Ray's start that a local head
     has no use for, each in the seconds where Ray's start, the driver's imports and the actors' share 2 cores.
 
     - Ray's autoscaler monitor: it scales a cluster, and a local instance has nothing to scale; it holds nothing of
