@@ -137,9 +137,9 @@ def lean_head() -> Iterator[bool]:
     for any of them: its head parameters (``ray._private.parameter.RayParams``, which ``ray start --no-monitor``
     sets), its check (``ray._private.utils.get_dashboard_dependency_error``) and its wait for the node
     (``ray._private.services.get_node``) are looked up inside the call, so each is swapped for the duration of the
-    block (``unittest.mock.patch.object``: set, and put back however the block
-    ends). A Ray whose names differ is left as it is. Yields whether the monitor is left out (where it is not,
-    `end_monitor` ends it once the instance is up)."""
+    block (``unittest.mock.patch.object``: set, and put back however the block ends). A Ray whose names differ is
+    left as it is. Yields whether the monitor is left out (where it is not, `end_monitor` ends it once the instance
+    is up)."""
     from unittest import mock
 
     from ray._private import parameter, services, utils
